@@ -1,0 +1,1 @@
+"""HOW: inference engines, generic over the models they drive. Imports only ``models``."""

@@ -1,0 +1,218 @@
+"""Covariance functions for PyTorch models (VAR-GP, GP-Tree).
+
+A kernel object *holds* its hyperparameters as tensors and computes Gram matrices; it owns no
+``nn.Parameter``. A Pyro model samples or looks up the hyperparameters and builds the kernel
+inside the model, so the same kernel serves a hyperprior (VAR-GP's q(theta)), a point estimate
+(GP-Tree's SGD) or fixed values.
+
+Shapes (batch dimensions ``...`` broadcast, e.g. one GP per class or per theta sample):
+
+* inputs ``X1: (..., n, d)``, ``X2: (..., m, d)``  ->  ``K: (..., n, m)``, ``diag: (..., n)``;
+* ``variance``: ``(...)`` (a scalar per kernel in the batch);
+* ``lengthscale``: ``(..., d)`` for ARD or ``(..., 1)`` / scalar for an isotropic kernel — the
+  last axis is always the feature axis.
+
+Kernels combine with ``k1 + k2`` (:class:`Sum`), ``k1 * k2`` (:class:`Product`) and
+``c * k`` (:class:`Scale`). The JAX twin is :mod:`models.kernels_jax`, with the same classes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["Kernel", "SquaredExponential", "Matern52", "Linear", "Cosine", "Constant",
+           "Normalized", "Sum", "Product", "Scale", "squared_distance"]
+
+_SQRT5 = math.sqrt(5.0)
+
+
+def _as_tensor(v, like: Tensor | None = None) -> Tensor:
+    if isinstance(v, Tensor):
+        return v
+    if like is not None:
+        return torch.as_tensor(v, dtype=like.dtype, device=like.device)
+    return torch.as_tensor(v, dtype=torch.get_default_dtype())
+
+
+def _per_kernel(v: Tensor) -> Tensor:
+    """A per-kernel scalar ``(...)`` made to broadcast against a Gram matrix ``(..., n, m)``."""
+    return v if v.dim() == 0 else v[..., None, None]
+
+
+def _per_row(v: Tensor) -> Tensor:
+    """A per-kernel scalar ``(...)`` made to broadcast against a diagonal ``(..., n)``."""
+    return v if v.dim() == 0 else v[..., None]
+
+
+def _ones_rows(X: Tensor) -> Tensor:
+    return torch.ones(X.shape[:-1], dtype=X.dtype, device=X.device)
+
+
+def _per_feature(ls: Tensor) -> Tensor:
+    """A per-feature vector ``(..., d)`` made to broadcast against inputs ``(..., n, d)``."""
+    return ls if ls.dim() == 0 else ls.unsqueeze(-2)
+
+
+def squared_distance(X1: Tensor, X2: Tensor) -> Tensor:
+    """``||x1_i - x2_j||^2`` as ``(..., n, m)``, via ``|x|^2 + |y|^2 - 2 x.y`` clamped at 0."""
+    n1 = (X1 * X1).sum(-1)[..., :, None]
+    n2 = (X2 * X2).sum(-1)[..., None, :]
+    return (n1 + n2 - 2.0 * X1 @ X2.transpose(-1, -2)).clamp_min(0.0)
+
+
+class Kernel:
+    """Base class: ``k(X1, X2=None)`` gives the Gram matrix (``X2=None`` means ``X1``)."""
+
+    def __call__(self, X1: Tensor, X2: Tensor | None = None) -> Tensor:
+        raise NotImplementedError
+
+    def diag(self, X: Tensor) -> Tensor:
+        """``k(x_i, x_i)`` as ``(..., n)`` without forming the Gram matrix."""
+        raise NotImplementedError
+
+    def __add__(self, other: "Kernel") -> "Sum":
+        return Sum(self, other)
+
+    def __mul__(self, other) -> "Kernel":
+        return Product(self, other) if isinstance(other, Kernel) else Scale(self, other)
+
+    __rmul__ = __mul__
+
+
+class _Stationary(Kernel):
+    """``k(x, y) = variance * g(||x - y|| / lengthscale)``."""
+
+    def __init__(self, variance, lengthscale):
+        self.variance = _as_tensor(variance)
+        self.lengthscale = _as_tensor(lengthscale, self.variance)
+
+    def _scaled_sq_dist(self, X1: Tensor, X2: Tensor | None) -> Tensor:
+        ls = _per_feature(self.lengthscale)
+        Z1 = X1 / ls
+        return squared_distance(Z1, Z1 if X2 is None else X2 / ls)
+
+    def _profile(self, r2: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def __call__(self, X1: Tensor, X2: Tensor | None = None) -> Tensor:
+        return _per_kernel(self.variance) * self._profile(self._scaled_sq_dist(X1, X2))
+
+    def diag(self, X: Tensor) -> Tensor:
+        return _per_row(self.variance) * _ones_rows(X)
+
+
+class SquaredExponential(_Stationary):
+    """ARD exponentiated quadratic ``k(x, y) = s^2 exp(-1/2 sum_i (x_i - y_i)^2 / l_i^2)``
+    (VAR-GP paper, Sect. 2; GP-Tree uses it on L2-normalized features)."""
+
+    def _profile(self, r2: Tensor) -> Tensor:
+        return torch.exp(-0.5 * r2)
+
+
+class Matern52(_Stationary):
+    """Matern 5/2: ``s^2 (1 + sqrt5 r + 5/3 r^2) exp(-sqrt5 r)``, ``r`` the scaled distance
+    (VIPS magnetic-field kernel)."""
+
+    def _profile(self, r2: Tensor) -> Tensor:
+        r = r2.clamp_min(1e-36).sqrt()  # clamp keeps the gradient finite at r = 0
+        return (1.0 + _SQRT5 * r + (5.0 / 3.0) * r2) * torch.exp(-_SQRT5 * r)
+
+
+class Linear(Kernel):
+    """Dot product ``k(x, y) = variance * x.y``."""
+
+    def __init__(self, variance):
+        self.variance = _as_tensor(variance)
+
+    def __call__(self, X1: Tensor, X2: Tensor | None = None) -> Tensor:
+        X2 = X1 if X2 is None else X2
+        return _per_kernel(self.variance) * (X1 @ X2.transpose(-1, -2))
+
+    def diag(self, X: Tensor) -> Tensor:
+        return _per_row(self.variance) * (X * X).sum(-1)
+
+
+def _unit(X: Tensor) -> Tensor:
+    return X / X.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+class Cosine(Kernel):
+    """Cosine similarity ``k(x, y) = variance * x.y / (|x| |y|)`` (a normalized linear kernel)."""
+
+    def __init__(self, variance):
+        self.variance = _as_tensor(variance)
+
+    def __call__(self, X1: Tensor, X2: Tensor | None = None) -> Tensor:
+        U1 = _unit(X1)
+        U2 = U1 if X2 is None else _unit(X2)
+        return _per_kernel(self.variance) * (U1 @ U2.transpose(-1, -2))
+
+    def diag(self, X: Tensor) -> Tensor:
+        return _per_row(self.variance) * _ones_rows(X)
+
+
+class Constant(Kernel):
+    """``k(x, y) = value`` (a constant offset; VIPS magnetic kernel uses constant(500))."""
+
+    def __init__(self, value):
+        self.value = _as_tensor(value)
+
+    def __call__(self, X1: Tensor, X2: Tensor | None = None) -> Tensor:
+        m = X1.shape[-2] if X2 is None else X2.shape[-2]
+        shape = torch.broadcast_shapes(X1.shape[:-2], (X1 if X2 is None else X2).shape[:-2])
+        ones = torch.ones(*shape, X1.shape[-2], m, dtype=X1.dtype, device=X1.device)
+        return _per_kernel(self.value) * ones
+
+    def diag(self, X: Tensor) -> Tensor:
+        return _per_row(self.value) * _ones_rows(X)
+
+
+class Normalized(Kernel):
+    """``base`` applied to L2-normalized inputs ``x / |x|`` (GP-Tree: RBF on unit features)."""
+
+    def __init__(self, base: Kernel):
+        self.base = base
+
+    def __call__(self, X1: Tensor, X2: Tensor | None = None) -> Tensor:
+        return self.base(_unit(X1), None if X2 is None else _unit(X2))
+
+    def diag(self, X: Tensor) -> Tensor:
+        return self.base.diag(_unit(X))
+
+
+class Sum(Kernel):
+    def __init__(self, k1: Kernel, k2: Kernel):
+        self.k1, self.k2 = k1, k2
+
+    def __call__(self, X1: Tensor, X2: Tensor | None = None) -> Tensor:
+        return self.k1(X1, X2) + self.k2(X1, X2)
+
+    def diag(self, X: Tensor) -> Tensor:
+        return self.k1.diag(X) + self.k2.diag(X)
+
+
+class Product(Kernel):
+    def __init__(self, k1: Kernel, k2: Kernel):
+        self.k1, self.k2 = k1, k2
+
+    def __call__(self, X1: Tensor, X2: Tensor | None = None) -> Tensor:
+        return self.k1(X1, X2) * self.k2(X1, X2)
+
+    def diag(self, X: Tensor) -> Tensor:
+        return self.k1.diag(X) * self.k2.diag(X)
+
+
+class Scale(Kernel):
+    """``scale * base`` with a positive scale (a per-kernel scalar ``(...)``)."""
+
+    def __init__(self, base: Kernel, scale):
+        self.base, self.scale = base, _as_tensor(scale)
+
+    def __call__(self, X1: Tensor, X2: Tensor | None = None) -> Tensor:
+        return _per_kernel(self.scale) * self.base(X1, X2)
+
+    def diag(self, X: Tensor) -> Tensor:
+        return _per_row(self.scale) * self.base.diag(X)

@@ -1,0 +1,81 @@
+"""Cholesky with bounded jitter escalation for JAX (the one jitter helper of this backend).
+
+Two regimes, one function:
+
+* **concrete** arrays (eager code, learners' entry points): tries ``A``, then escalating jitter,
+  warns with :class:`JitterWarning` when jitter was needed and raises :class:`CholeskyError`
+  naming the matrix and the last jitter when all tries fail — exactly like the torch helper;
+* **traced** arrays (inside ``jit`` / ``grad``): the same escalation as nested ``lax.cond`` (only
+  the taken branch runs; differentiable). A trace cannot raise, so when every try fails the
+  factor is NaN and the caller's finite-loss guard reports it.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+__all__ = ["CholeskyError", "JitterWarning", "jitter_cholesky", "default_jitter", "symmetrize"]
+
+
+class CholeskyError(RuntimeError):
+    """A matrix stayed non positive definite after the largest jitter tried."""
+
+
+class JitterWarning(UserWarning):
+    """Jitter beyond the first attempt was needed to factor a matrix."""
+
+
+def default_jitter(dtype) -> float:
+    """First jitter tried, relative to the mean diagonal: 1e-10 (float64) / 1e-6 (float32)."""
+    return 1e-10 if jnp.dtype(dtype) == jnp.float64 else 1e-6
+
+
+def symmetrize(A: Array) -> Array:
+    """``(A + A^T) / 2`` over the last two axes."""
+    return 0.5 * (A + jnp.swapaxes(A, -1, -2))
+
+
+def _ok(L: Array) -> Array:
+    return jnp.all(jnp.isfinite(L))
+
+
+def jitter_cholesky(A: Array, *, name: str = "matrix", jitter: float | None = None,
+                    max_tries: int = 5, factor: float = 10.0, warn: bool = True) -> Array:
+    """Lower Cholesky factor of a (batch of) symmetric PSD matrix ``A: (..., n, n)``.
+
+    Tries ``A``; on failure ``A + j * mean(diag A) * I`` with ``j = jitter * factor**k``,
+    ``k = 0 .. max_tries-1``. See the module docstring for the traced regime.
+    """
+    base = default_jitter(A.dtype) if jitter is None else jitter
+    scale = jnp.maximum(jnp.mean(jnp.abs(jnp.diagonal(A, axis1=-2, axis2=-1))),
+                        jnp.finfo(A.dtype).tiny)
+    eye = jnp.eye(A.shape[-1], dtype=A.dtype)
+    jitters = [base * factor**k for k in range(max_tries)]
+
+    if isinstance(A, jax.core.Tracer):
+        def attempt(k: int) -> Array:
+            L = jnp.linalg.cholesky(A + (jitters[k] * scale) * eye)
+            if k == max_tries - 1:
+                return L
+            return jax.lax.cond(_ok(L), lambda: L, lambda: attempt(k + 1))
+
+        L0 = jnp.linalg.cholesky(A)
+        return jax.lax.cond(_ok(L0), lambda: L0, lambda: attempt(0))
+
+    L = jnp.linalg.cholesky(A)
+    if bool(_ok(L)):
+        return L
+    for j in jitters:
+        L = jnp.linalg.cholesky(A + (j * scale) * eye)
+        if bool(_ok(L)):
+            if warn:
+                warnings.warn(f"cholesky of {name} {tuple(A.shape)} needed jitter {j:.1e} x mean "
+                              f"diagonal ({float(scale):.3g})", JitterWarning, stacklevel=2)
+            return L
+    raise CholeskyError(f"cholesky of {name} {tuple(A.shape)} failed: not positive definite even "
+                        f"with jitter {jitters[-1]:.1e} x mean diagonal ({float(scale):.3g}) after "
+                        f"{max_tries} tries")

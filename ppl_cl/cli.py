@@ -1,0 +1,139 @@
+"""The ``ppl-cl`` command: list / run / reproduce experiments, inspect data.
+
+    ppl-cl list
+    ppl-cl run NAME [--quick] [--seed N] [--device cpu|cuda] [--out DIR] [--set key=value ...]
+    ppl-cl reproduce [--quick] [--out DIR] [--only NAME ...]
+    ppl-cl data list [--no-checksum]
+    ppl-cl data path NAME
+
+Every command takes ``--data-dir DIR`` (searched before ``PPL_CL_DATA`` and the cache folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["main"]
+
+
+def _parse_sets(items: list[str] | None) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise SystemExit(f"--set expects key=value, received {item!r}")
+        key, value = item.split("=", 1)
+        out[key.strip()] = value
+    return out
+
+
+def _cmd_list(args) -> int:
+    from ppl_cl.experiments.base import registry
+
+    reg = registry()
+    width = max(len(n) for n in reg) if reg else 10
+    for name in sorted(reg):
+        spec = reg[name]
+        flag = "*" if spec.headline else " "
+        print(f"{flag} {name:<{width}}  {spec.description}")
+    print("\n* = run by `ppl-cl reproduce`")
+    return 0
+
+
+def _cmd_run(args) -> int:
+    from ppl_cl.experiments.base import run_experiment
+
+    metrics = run_experiment(args.name, quick=args.quick, seed=args.seed, device=args.device,
+                             out=args.out, overrides=_parse_sets(args.set),
+                             data_dir=args.data_dir, show_progress=args.progress)
+    print(json.dumps(metrics["summary"], indent=2, default=str))
+    print(f"wrote {args.out or 'runs/' + args.name}/metrics.json "
+          f"({metrics['wall_time_s']:.1f} s)", file=sys.stderr)
+    return 0
+
+
+def _cmd_reproduce(args) -> int:
+    from ppl_cl.experiments.reproduce import reproduce
+
+    res = reproduce(args.out, quick=args.quick, seed=args.seed, device=args.device,
+                    only=args.only, data_dir=args.data_dir, show_progress=args.progress)
+    with open(f"{args.out}/report.md") as fh:
+        print(fh.read())
+    for name, r in res["results"].items():
+        if r["status"] == "error":
+            print(f"--- {name} failed ---\n{r['traceback']}", file=sys.stderr)
+    return 1 if res["failed"] else 0
+
+
+def _cmd_data(args) -> int:
+    from ppl_cl.data.root import DATASETS, data_roots, dataset_status, locate
+
+    if args.data_cmd == "path":
+        print(locate(args.name, args.data_dir))
+        return 0
+    print("data roots searched, in order:")
+    for r in data_roots(args.data_dir):
+        print(f"  {r}{'' if r.exists() else '  (does not exist)'}")
+    print()
+    rows = [dataset_status(n, args.data_dir, checksums=not args.no_checksum) for n in DATASETS]
+    w = max(len(r["name"]) for r in rows)
+    print(f"{'dataset':<{w}}  found  checksum  where")
+    for r in rows:
+        where = r["root"] if r["found"] else f"missing {r['missing'][0]} (from {r['source']})"
+        print(f"{r['name']:<{w}}  {'yes' if r['found'] else 'no ':<5}  {r['checksum']:<8}  {where}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ppl-cl", description=__doc__.splitlines()[0])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", default=None, help="data root searched first")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    sub.add_parser("list", parents=[common], help="list registered experiments")
+
+    def run_opts(sp):
+        sp.add_argument("--quick", action="store_true", help="small sizes (minutes on a CPU)")
+        sp.add_argument("--seed", type=int, default=0)
+        sp.add_argument("--device", default="cpu", help="cpu or cuda")
+        sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bars (default: when stderr is a terminal)")
+
+    r = sub.add_parser("run", parents=[common], help="run one experiment")
+    r.add_argument("name")
+    run_opts(r)
+    r.add_argument("--out", default=None, help="run folder (default runs/NAME)")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override")
+
+    rp = sub.add_parser("reproduce", parents=[common], help="run the headline experiments")
+    run_opts(rp)
+    rp.add_argument("--out", default="runs/reproduce")
+    rp.add_argument("--only", nargs="+", default=None, help="only these experiments")
+
+    d = sub.add_parser("data", parents=[common], help="datasets: where they are, checksums")
+    dsub = d.add_subparsers(dest="data_cmd", required=True)
+    dl = dsub.add_parser("list", parents=[common])
+    dl.add_argument("--no-checksum", action="store_true", help="skip hashing the files")
+    dp = dsub.add_parser("path", parents=[common])
+    dp.add_argument("name")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"list": _cmd_list, "run": _cmd_run, "reproduce": _cmd_reproduce, "data": _cmd_data}
+    try:
+        return handlers[args.cmd](args)
+    except Exception as err:  # user-facing errors: one line, non-zero exit
+        from ppl_cl.data.root import MissingDataError
+        from ppl_cl.experiments.base import ConfigError
+
+        if isinstance(err, (MissingDataError, ConfigError, KeyError)):
+            print(f"ppl-cl: {err}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""Experiment registry, configs and run folders.
+
+An experiment is a function ``run(config, ctx) -> metrics`` registered with :func:`register`
+together with
+
+* a config dataclass whose defaults are the **full** (paper-sized) setting,
+* a ``quick`` dict of overrides that makes it finish in a minute or two on a laptop CPU,
+* ``paper``: the numbers the paper reports for keys of ``metrics["summary"]``
+  (:class:`PaperNumber`, with citation), which ``ppl-cl reproduce`` sets beside ours,
+* ``headline=True`` if ``ppl-cl reproduce`` runs it.
+
+:func:`run_experiment` builds the config (quick, then ``--set key=value`` overrides parsed by
+field type), seeds everything, and writes into the run folder
+
+* ``config.json`` — experiment, seed, device, quick flag, the config, library versions;
+* ``metrics.json`` — what ``run`` returned, which must hold a flat ``summary`` dict of
+  numbers/strings (the headline numbers), plus ``figures`` and ``wall_time_s``;
+* figures saved through ``ctx.savefig`` as PNG, and whatever else the experiment writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import platform
+import time
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ppl_cl.persist import atomic_write_text
+from ppl_cl.progress import progress, progress_enabled
+from ppl_cl.seeding import seed_everything
+
+__all__ = ["PaperNumber", "ExperimentSpec", "RunContext", "register", "get", "registry",
+           "build_config", "run_experiment", "ConfigError"]
+
+
+class ConfigError(ValueError):
+    """Bad experiment name, unknown config key or unparsable ``--set`` value."""
+
+
+@dataclass(frozen=True)
+class PaperNumber:
+    """A number reported in a paper, for the ``reproduce`` table."""
+
+    value: float
+    source: str
+    std: float | None = None
+    note: str = ""
+
+    def format(self) -> str:
+        return f"{self.value:.4g}" + (f" ± {self.std:.2g}" if self.std is not None else "")
+
+
+@dataclass
+class ExperimentSpec:
+    name: str
+    run: Callable[[Any, "RunContext"], dict]
+    config_cls: type
+    quick: dict[str, Any] = field(default_factory=dict)
+    headline: bool = False
+    paper: dict[str, PaperNumber] = field(default_factory=dict)
+    description: str = ""
+
+
+_REGISTRY: dict[str, ExperimentSpec] = {}
+
+
+def register(name: str, config_cls: type, *, quick: dict[str, Any] | None = None,
+             headline: bool = False, paper: dict[str, PaperNumber] | None = None,
+             description: str = "") -> Callable:
+    """Decorator registering ``run(config, ctx) -> metrics`` as experiment ``name``."""
+    if not dataclasses.is_dataclass(config_cls):
+        raise TypeError(f"{name}: config_cls must be a dataclass")
+    field_names = {f.name for f in dataclasses.fields(config_cls)}
+    bad = set(quick or {}) - field_names
+    if bad:
+        raise TypeError(f"{name}: quick overrides name unknown fields {sorted(bad)}")
+
+    def deco(fn: Callable) -> Callable:
+        if name in _REGISTRY:
+            raise RuntimeError(f"experiment {name!r} registered twice")
+        doc = description or ((fn.__doc__ or "").strip().splitlines() or [""])[0]
+        _REGISTRY[name] = ExperimentSpec(name, fn, config_cls, dict(quick or {}), headline,
+                                         dict(paper or {}), doc)
+        return fn
+
+    return deco
+
+
+def registry() -> dict[str, ExperimentSpec]:
+    import ppl_cl.experiments  # noqa: F401  (registers every experiment module)
+
+    return dict(_REGISTRY)
+
+
+def get(name: str) -> ExperimentSpec:
+    reg = registry()
+    if name not in reg:
+        raise ConfigError(f"unknown experiment {name!r}; `ppl-cl list` shows: {', '.join(sorted(reg))}")
+    return reg[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# config building
+# ---------------------------------------------------------------------------------------------
+def _parse_value(text: str, typ: Any, key: str) -> Any:
+    origin = typing.get_origin(typ)
+    args = typing.get_args(typ)
+    if origin in (typing.Union, types.UnionType):
+        non_none = [a for a in args if a is not type(None)]
+        if text.lower() in ("none", "null"):
+            return None
+        return _parse_value(text, non_none[0], key)
+    try:
+        if typ is bool:
+            low = text.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+        if typ is int:
+            return int(text)
+        if typ is float:
+            return float(text)
+        if typ is str:
+            return text
+        if origin in (tuple, list) or typ in (tuple, list):
+            try:
+                val = json.loads(text)
+            except json.JSONDecodeError:
+                val = [v for v in text.split(",") if v != ""]
+            if not isinstance(val, list):
+                val = [val]
+            inner = args[0] if args and args[0] is not Ellipsis else None
+            if inner in (int, float, str):
+                val = [inner(v) for v in val]
+            return tuple(val) if (origin is tuple or typ is tuple) else list(val)
+        return json.loads(text)
+    except (ValueError, TypeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"--set {key}={text}: cannot read {text!r} as {typ}") from exc
+
+
+def build_config(spec: ExperimentSpec, quick: bool = False,
+                 overrides: dict[str, str] | None = None) -> Any:
+    """The config dataclass: full defaults, then ``quick`` overrides, then ``--set`` strings."""
+    hints = typing.get_type_hints(spec.config_cls)
+    names = [f.name for f in dataclasses.fields(spec.config_cls)]
+    values: dict[str, Any] = dict(spec.quick) if quick else {}
+    for key, text in (overrides or {}).items():
+        if key not in names:
+            raise ConfigError(f"{spec.name}: unknown config key {key!r}; keys: {', '.join(names)}")
+        values[key] = _parse_value(text, hints[key], key) if isinstance(text, str) else text
+    return spec.config_cls(**values)
+
+
+# ---------------------------------------------------------------------------------------------
+# running
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class RunContext:
+    """What an experiment's ``run`` gets besides its config."""
+
+    out_dir: Path
+    seed: int = 0
+    device: str = "cpu"
+    quick: bool = False
+    show_progress: bool | None = None
+    data_dir: str | None = None
+    figures: list[str] = field(default_factory=list)
+
+    def progress(self, iterable=None, *, desc: str = "", total: int | None = None, **kw):
+        enabled = progress_enabled() if self.show_progress is None else self.show_progress
+        return progress(iterable, desc=desc, total=total, enabled=enabled, **kw)
+
+    def savefig(self, fig, name: str) -> Path:
+        """Save a matplotlib figure as ``<out_dir>/<name>.png`` and close it."""
+        import matplotlib.pyplot as plt
+
+        path = self.out_dir / (name if name.endswith(".png") else f"{name}.png")
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        self.figures.append(path.name)
+        return path
+
+    def torch_device(self):
+        import torch
+
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError("--device cuda: torch sees no CUDA device on this machine")
+        return torch.device(self.device)
+
+    def jax_device(self):
+        """The JAX device for ``--device`` (use as ``with jax.default_device(ctx.jax_device()):``)."""
+        import jax
+
+        if self.device.startswith("cuda"):
+            try:
+                gpus = jax.devices("gpu")
+            except RuntimeError:
+                gpus = []
+            if not gpus:
+                raise RuntimeError("--device cuda: JAX sees no GPU (install jax[cuda12])")
+            return gpus[0]
+        return jax.devices("cpu")[0]
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in ("ppl-cl", "torch", "pyro-ppl", "jax", "numpyro", "numpy", "arviz"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def _jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _jsonable(dataclasses.asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return str(obj)
+
+
+def _check_summary(name: str, metrics: Any) -> None:
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("summary"), dict):
+        raise TypeError(f"{name}: run() must return a dict with a 'summary' dict")
+    for k, v in metrics["summary"].items():
+        if not isinstance(v, (int, float, str, bool)) and v is not None:
+            raise TypeError(f"{name}: summary[{k!r}] must be a number or string (flat), got "
+                            f"{type(v).__name__}")
+
+
+def run_experiment(name: str, *, quick: bool = False, seed: int = 0, device: str = "cpu",
+                   out: str | Path | None = None, overrides: dict[str, str] | None = None,
+                   data_dir: str | None = None, show_progress: bool | None = None) -> dict:
+    """Run experiment ``name`` and write its run folder; returns the metrics dict."""
+    spec = get(name)
+    config = build_config(spec, quick=quick, overrides=overrides)
+    out_dir = Path(out) if out is not None else Path("runs") / name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ctx = RunContext(out_dir=out_dir, seed=seed, device=device, quick=quick,
+                     show_progress=show_progress, data_dir=data_dir)
+    if data_dir is not None:
+        from ppl_cl.data.root import set_data_dir
+
+        set_data_dir(data_dir)
+    atomic_write_text(out_dir / "config.json", json.dumps(_jsonable({
+        "experiment": name, "seed": seed, "device": device, "quick": quick,
+        "config": config, "overrides": overrides or {}, "versions": _versions(),
+    }), indent=2))
+    seed_everything(seed)
+    t0 = time.perf_counter()
+    metrics = spec.run(config, ctx)
+    _check_summary(name, metrics)
+    metrics = {**metrics, "experiment": name, "quick": quick, "seed": seed,
+               "wall_time_s": time.perf_counter() - t0,
+               "figures": sorted(set(metrics.get("figures", [])) | set(ctx.figures))}
+    atomic_write_text(out_dir / "metrics.json", json.dumps(_jsonable(metrics), indent=2))
+    return metrics

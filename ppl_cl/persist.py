@@ -1,0 +1,132 @@
+"""Checkpoint format: one ``.npz`` file, no pickle, atomic writes, a format version.
+
+A learner's state is a nested tree of dicts / lists / tuples whose leaves are arrays (NumPy,
+torch or JAX) or JSON scalars. :func:`save_tree` splits it into
+
+* ``__meta__``: a JSON document holding the format version, free-form metadata (learner class,
+  config) and the *skeleton* of the tree, each array replaced by
+  ``{"__array__": key, "kind": "torch"|"jax"|"numpy", "dtype": ...}``;
+* one NumPy array per leaf.
+
+It writes to a temporary file in the same directory and ``os.replace``-s it into place, so an
+interrupted save never leaves a truncated checkpoint. :func:`load_tree` restores leaves to the
+library they came from (torch tensors onto ``device`` if given). Loading uses
+``allow_pickle=False``: a checkpoint cannot execute code.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ppl_cl.batch import array_backend, as_numpy
+
+FORMAT_VERSION = 1
+__all__ = ["FORMAT_VERSION", "save_tree", "load_tree", "atomic_write_bytes", "atomic_write_text",
+           "CheckpointError"]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is unreadable, of another format version, or for another learner."""
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder + ``os.replace``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _flatten(node: Any, arrays: dict[str, np.ndarray], prefix: str) -> Any:
+    if isinstance(node, dict):
+        for k in node:
+            if not isinstance(k, str):
+                raise TypeError(f"state keys must be strings, received {k!r} at '{prefix}'")
+        return {"__dict__": {k: _flatten(v, arrays, f"{prefix}/{k}") for k, v in node.items()}}
+    if isinstance(node, (list, tuple)):
+        tag = "__tuple__" if isinstance(node, tuple) else "__list__"
+        return {tag: [_flatten(v, arrays, f"{prefix}/{i}") for i, v in enumerate(node)]}
+    if node is None or isinstance(node, (bool, int, float, str)):
+        return node
+    if isinstance(node, (np.integer, np.floating, np.bool_)):
+        return node.item()
+    kind = array_backend(node)
+    if kind == "numpy" and not isinstance(node, np.ndarray):
+        raise TypeError(f"cannot store {type(node).__name__} at '{prefix}' in a checkpoint")
+    arr = as_numpy(node)
+    key = f"a{len(arrays)}"
+    arrays[key] = np.ascontiguousarray(arr)
+    return {"__array__": key, "kind": kind, "dtype": str(arr.dtype)}
+
+
+def _unflatten(node: Any, arrays: Any, device: Any) -> Any:
+    if isinstance(node, dict):
+        if "__dict__" in node:
+            return {k: _unflatten(v, arrays, device) for k, v in node["__dict__"].items()}
+        if "__list__" in node:
+            return [_unflatten(v, arrays, device) for v in node["__list__"]]
+        if "__tuple__" in node:
+            return tuple(_unflatten(v, arrays, device) for v in node["__tuple__"])
+        if "__array__" in node:
+            arr = arrays[node["__array__"]]
+            if node["kind"] == "torch":
+                import torch
+
+                t = torch.from_numpy(np.array(arr))
+                return t.to(device) if device is not None else t
+            if node["kind"] == "jax":
+                import jax.numpy as jnp
+
+                return jnp.asarray(arr)
+            return np.array(arr)
+        raise CheckpointError(f"unknown node in checkpoint skeleton: {sorted(node)}")
+    return node
+
+
+def save_tree(path: str | os.PathLike, tree: Any, meta: dict[str, Any] | None = None) -> None:
+    """Save ``tree`` (and JSON ``meta``) to ``path`` atomically."""
+    arrays: dict[str, np.ndarray] = {}
+    skeleton = _flatten(tree, arrays, "")
+    header = {"format_version": FORMAT_VERSION, "meta": meta or {}, "tree": skeleton}
+    buf = io.BytesIO()
+    np.savez(buf, __meta__=np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8),
+             **arrays)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def load_tree(path: str | os.PathLike, device: Any = None) -> tuple[Any, dict[str, Any]]:
+    """Load ``(tree, meta)`` saved by :func:`save_tree`."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            header = json.loads(npz["__meta__"].tobytes().decode("utf-8"))
+            arrays = {k: npz[k] for k in npz.files if k != "__meta__"}
+    except (ValueError, KeyError, OSError) as exc:
+        raise CheckpointError(f"{path} is not a ppl_cl checkpoint: {exc}") from exc
+    version = header.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format version {version}, this ppl_cl reads "
+                              f"version {FORMAT_VERSION}")
+    return _unflatten(header["tree"], arrays, device), header["meta"]

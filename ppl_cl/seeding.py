@@ -1,0 +1,38 @@
+"""Explicit seeds everywhere: same seed, same result."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+__all__ = ["seed_everything", "jax_key"]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's ``random``, NumPy's legacy global generator, torch (all devices) and Pyro.
+
+    Library code never relies on these globals (it takes ``seed=`` / ``rng_key=``); this only
+    makes user scripts and tests that use global generators repeatable.
+    """
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    try:
+        import torch
+
+        torch.manual_seed(seed)
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        pass
+    try:
+        import pyro
+
+        pyro.set_rng_seed(seed)
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def jax_key(seed: int):
+    """``jax.random.PRNGKey(seed)`` (imported lazily so torch-only code never loads JAX)."""
+    import jax
+
+    return jax.random.PRNGKey(seed)

@@ -1,0 +1,81 @@
+"""Deterministic test harness (STYLE.md 11).
+
+* every test starts from seed 0 in Python, NumPy, torch and Pyro, with Pyro's param store empty;
+* JAX runs in float64 for the whole session (tests of float32 paths pass float32 arrays
+  explicitly; a subprocess test checks that learners switch float64 on by themselves);
+* warnings are errors (pyproject ``filterwarnings``) unless a test expects them;
+* ``PPL_CL_DATA`` defaults to ``../shared/data`` beside the repository when that exists;
+* markers: ``slow`` (deselected by default), ``gpu`` (skipped without CUDA),
+  ``data("name", ...)`` (skipped, naming the missing file, when a dataset is absent).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+if "PPL_CL_DATA" not in os.environ and SHARED_DATA.is_dir():
+    os.environ["PPL_CL_DATA"] = str(SHARED_DATA)
+os.environ.setdefault("PPL_CL_PROGRESS", "0")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import jax  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_reset():
+    import pyro
+
+    from ppl_cl.seeding import seed_everything
+
+    seed_everything(0)
+    pyro.clear_param_store()
+    yield
+    pyro.clear_param_store()
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    from ppl_cl.data.root import MissingDataError, locate
+
+    has_cuda = _cuda_available()
+    missing_cache: dict[str, str | None] = {}
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device (torch sees none)"))
+        for mark in item.iter_markers(name="data"):
+            for name in mark.args:
+                if name not in missing_cache:
+                    try:
+                        locate(name)
+                        missing_cache[name] = None
+                    except MissingDataError as err:
+                        missing_cache[name] = str(err)
+                if missing_cache[name]:
+                    item.add_marker(pytest.mark.skip(reason=missing_cache[name]))
+
+
+@pytest.fixture
+def tmp_data_root(tmp_path, monkeypatch):
+    """An empty data root that is the only one searched (for fixture files in real formats)."""
+    from ppl_cl.data import root
+
+    monkeypatch.setenv("PPL_CL_DATA", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(root, "_EXPLICIT_DIR", None)
+    return tmp_path
