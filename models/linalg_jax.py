@@ -6,13 +6,17 @@ Two regimes, one function:
   warns with :class:`JitterWarning` when jitter was needed and raises :class:`CholeskyError`
   naming the matrix and the last jitter when all tries fail — exactly like the torch helper;
 * **traced** arrays (inside ``jit`` / ``grad``): the same escalation as nested ``lax.cond`` (only
-  the taken branch runs; differentiable). A trace cannot raise, so when every try fails the
-  factor is NaN and the caller's finite-loss guard reports it.
+  the taken branch runs). A trace cannot raise, so when every try fails the factor is NaN and
+  the caller's finite-loss guard reports it. Differentiation uses the Cholesky tangent rule
+  ``dL = L Phi(L^-1 dA L^-T)`` (Phi: lower triangle, halved diagonal; Murray 2016) at the
+  factor actually returned, with the jitter held constant — so a failed first attempt never
+  leaks NaN into gradients.
 """
 
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +47,35 @@ def _ok(L: Array) -> Array:
     return jnp.all(jnp.isfinite(L))
 
 
+@partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _escalating_cholesky(A: Array, jitters: tuple[float, ...]) -> Array:
+    """Traced regime: ``chol(A)``, else ``chol(A + j_k mean(diag A) I)`` for the first j_k that works."""
+    scale = jnp.maximum(jnp.mean(jnp.abs(jnp.diagonal(A, axis1=-2, axis2=-1))),
+                        jnp.finfo(A.dtype).tiny)
+    eye = jnp.eye(A.shape[-1], dtype=A.dtype)
+
+    def attempt(k: int) -> Array:
+        L = jnp.linalg.cholesky(A + (jitters[k] * scale) * eye)
+        if k == len(jitters) - 1:
+            return L
+        return jax.lax.cond(_ok(L), lambda: L, lambda: attempt(k + 1))
+
+    L0 = jnp.linalg.cholesky(A)
+    return jax.lax.cond(_ok(L0), lambda: L0, lambda: attempt(0))
+
+
+@_escalating_cholesky.defjvp
+def _escalating_cholesky_jvp(jitters, primals, tangents):
+    (A,), (dA,) = primals, tangents
+    L = _escalating_cholesky(A, jitters)
+    dA = symmetrize(dA)
+    # X = L^-1 dA L^-T, then dL = L Phi(X)
+    tmp = jax.lax.linalg.triangular_solve(L, dA, left_side=True, lower=True)
+    X = jax.lax.linalg.triangular_solve(L, tmp, left_side=False, lower=True, transpose_a=True)
+    phi = jnp.tril(X) - 0.5 * jnp.eye(A.shape[-1], dtype=A.dtype) * X
+    return L, L @ phi
+
+
 def jitter_cholesky(A: Array, *, name: str = "matrix", jitter: float | None = None,
                     max_tries: int = 5, factor: float = 10.0, warn: bool = True) -> Array:
     """Lower Cholesky factor of a (batch of) symmetric PSD matrix ``A: (..., n, n)``.
@@ -57,14 +90,7 @@ def jitter_cholesky(A: Array, *, name: str = "matrix", jitter: float | None = No
     jitters = [base * factor**k for k in range(max_tries)]
 
     if isinstance(A, jax.core.Tracer):
-        def attempt(k: int) -> Array:
-            L = jnp.linalg.cholesky(A + (jitters[k] * scale) * eye)
-            if k == max_tries - 1:
-                return L
-            return jax.lax.cond(_ok(L), lambda: L, lambda: attempt(k + 1))
-
-        L0 = jnp.linalg.cholesky(A)
-        return jax.lax.cond(_ok(L0), lambda: L0, lambda: attempt(0))
+        return _escalating_cholesky(A, tuple(jitters))
 
     L = jnp.linalg.cholesky(A)
     if bool(_ok(L)):

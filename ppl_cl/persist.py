@@ -75,7 +75,7 @@ def _flatten(node: Any, arrays: dict[str, np.ndarray], prefix: str) -> Any:
         raise TypeError(f"cannot store {type(node).__name__} at '{prefix}' in a checkpoint")
     arr = as_numpy(node)
     key = f"a{len(arrays)}"
-    arrays[key] = np.ascontiguousarray(arr)
+    arrays[key] = np.array(arr, order="C")  # keeps 0-d arrays 0-d
     return {"__array__": key, "kind": kind, "dtype": str(arr.dtype)}
 
 
