@@ -1,0 +1,608 @@
+"""ArviZ export shared by every learner's ``to_inference_data`` (DESIGN.md, learner protocol).
+
+One entry point, :func:`from_nested_dict`, takes groups in ArviZ 1.x's nested form::
+
+    from_nested_dict({"posterior": {"w": draws},            # (chain, draw, ...)
+                      "log_likelihood": {"y": log_lik},     # (chain, draw, n)
+                      "observed_data": {"y": y},            # (n,)
+                      "filtering": trajectories_to_dataset({"gamma": gamma_n})},
+                     dims={"w": ["feature"], "y": ["obs"]}, coords={"obs": np.arange(n)})
+
+and dispatches to the installed ArviZ: 0.x gets the groups as keyword arguments of
+``az.from_dict``; 1.x gets the nested dict. Arrays may be NumPy, torch or JAX. Everything is
+checked before ArviZ sees it, so a wrong shape names the group, the variable and the expected
+layout instead of surfacing as an xarray error.
+
+Group conventions
+-----------------
+* **sample groups** (``posterior``, ``posterior_predictive``, ``predictions``, ``sample_stats``,
+  ``log_likelihood``, ``prior``, ``prior_predictive``, ``sample_stats_prior``): every variable
+  has leading ``(chain, draw)`` axes, shared by the whole posterior (resp. prior) family so that
+  ``az.loo`` / ``az.waic`` can pair ``log_likelihood`` with ``posterior``;
+* **data groups** (``observed_data``, ``constant_data``, ``predictions_constant_data``): no sample
+  axes (hyperparameter point estimates go to ``constant_data``);
+* **filtered trajectories** — quantities indexed by time rather than by draw, such as the
+  forgetting coefficient ``gamma_n`` and calibration ``alpha_n`` of the Kalman filter (Titsias et
+  al. 2024, Fig. 1-2) or a filtered mean — go to the custom group ``"filtering"``
+  (:data:`FILTERING_GROUP`) with leading dimension ``time``. They are not ``sample_stats``
+  (those are per-draw and would be read as ``(chain, draw)`` by ArviZ's diagnostics). ArviZ 0.x
+  ``InferenceData`` and 1.x ``DataTree`` both keep custom groups through ``to_netcdf`` /
+  ``from_netcdf``; diagnostics simply ignore them.
+
+Any group given as an ``xarray.Dataset`` is attached as is (after the same checks for sample
+groups); custom group names must be given this way (see :func:`trajectories_to_dataset`).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ppl_cl.batch import as_numpy
+from ppl_cl.predictive import GaussianPredictive
+
+__all__ = [
+    "SAMPLE_GROUPS",
+    "DATA_GROUPS",
+    "FILTERING_GROUP",
+    "JitterWarning",
+    "from_nested_dict",
+    "samples_to_inference_data",
+    "gaussian_draws",
+    "gaussian_to_inference_data",
+    "gaussian_log_likelihood",
+    "pointwise_log_likelihood",
+    "trajectories_to_dataset",
+]
+
+_POSTERIOR_FAMILY = ("posterior", "posterior_predictive", "predictions", "sample_stats",
+                     "log_likelihood")
+_PRIOR_FAMILY = ("prior", "prior_predictive", "sample_stats_prior")
+SAMPLE_GROUPS: tuple[str, ...] = _POSTERIOR_FAMILY + _PRIOR_FAMILY
+"""Groups whose variables carry leading ``(chain, draw)`` axes."""
+DATA_GROUPS: tuple[str, ...] = ("observed_data", "constant_data", "predictions_constant_data")
+"""Groups without sample axes."""
+FILTERING_GROUP = "filtering"
+"""Custom group holding trajectories over time (dimension ``time``)."""
+
+
+class JitterWarning(UserWarning):
+    """A covariance needed jitter before it could be factored for Gaussian draws."""
+
+
+# -- array and argument checks --------------------------------------------------------------
+def _to_numpy(value: Any, where: str) -> np.ndarray:
+    try:
+        arr = np.asarray(as_numpy(value))
+    except Exception as exc:  # pragma: no cover - odd inputs
+        raise TypeError(f"{where}: expected an array, received {type(value).__name__}") from exc
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise TypeError(f"{where}: expected a numeric array, received dtype {arr.dtype}")
+    return arr
+
+
+def _check_dims_coords(dims: Any,
+                       coords: Any) -> tuple[dict[str, list[str]], dict[str, np.ndarray]]:
+    dims_out: dict[str, list[str]] = {}
+    if dims is not None:
+        if not isinstance(dims, Mapping):
+            raise TypeError(f"dims: expected a dict {{variable: [dim names]}}, received "
+                            f"{type(dims).__name__}")
+        for var, names in dims.items():
+            if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+                raise TypeError(f"dims[{var!r}]: expected a list of dimension names, received "
+                                f"{names!r}")
+            dims_out[var] = list(names)
+    coords_out: dict[str, np.ndarray] = {}
+    if coords is not None:
+        if not isinstance(coords, Mapping):
+            raise TypeError(f"coords: expected a dict {{dim: values}}, received "
+                            f"{type(coords).__name__}")
+        for dim, values in coords.items():
+            c = np.asarray(as_numpy(values))
+            if c.ndim != 1:
+                raise ValueError(f"coords[{dim!r}]: expected a 1-D array of labels, received "
+                                 f"shape {c.shape}")
+            coords_out[dim] = c
+    return dims_out, coords_out
+
+
+def _check_event_dims(where: str, var: str, event_shape: tuple[int, ...],
+                      dims: dict[str, list[str]], coords: dict[str, np.ndarray]) -> None:
+    """``dims[var]`` must name every non-sample axis; coords must have the axis lengths."""
+    if var not in dims:
+        return
+    names = dims[var]
+    if len(names) != len(event_shape):
+        raise ValueError(f"dims[{var!r}] = {names}: expected {len(event_shape)} name(s) for the "
+                         f"non-sample axes of {where} (shape {event_shape}), received "
+                         f"{len(names)}")
+    for name, size in zip(names, event_shape):
+        if name in coords and coords[name].shape[0] != size:
+            raise ValueError(f"coords[{name!r}]: expected {size} labels (axis {name!r} of "
+                             f"{where}), received {coords[name].shape[0]}")
+
+
+def _check_attrs(attrs: Any) -> dict[str, Any]:
+    if attrs is None:
+        return {}
+    if not isinstance(attrs, Mapping):
+        raise TypeError(f"attrs: expected a dict, received {type(attrs).__name__}")
+    for key, value in attrs.items():
+        ok = isinstance(value, (str, numbers.Number)) and not isinstance(value, bool)
+        if not ok and isinstance(value, (list, tuple, np.ndarray)):
+            ok = np.asarray(value).dtype.kind in "iuf"
+        if not isinstance(key, str) or not ok:
+            raise TypeError(f"attrs[{key!r}]: expected a str, int, float or numeric list "
+                            f"(storable in netCDF), received {type(value).__name__}")
+    return dict(attrs)
+
+
+class _SampleShapes:
+    """Remembers ``(chain, draw)`` per family so that mismatches name both variables."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, tuple[tuple[int, int], str]] = {}
+
+    def check(self, group: str, where: str, chain_draw: tuple[int, int]) -> None:
+        family = "posterior" if group in _POSTERIOR_FAMILY else "prior"
+        if family not in self.seen:
+            self.seen[family] = (chain_draw, where)
+            return
+        expected, first = self.seen[family]
+        if chain_draw != expected:
+            raise ValueError(f"{where}: expected (chain, draw) = {expected} as {first} (one "
+                             f"set of draws per {family} family), received {chain_draw}")
+
+
+def _check_dataset_group(group: str, dataset: Any, shapes: _SampleShapes) -> None:
+    if group not in SAMPLE_GROUPS:
+        return
+    for var, da in dataset.data_vars.items():
+        where = f"{group}[{var!r}]"
+        if tuple(da.dims[:2]) != ("chain", "draw"):
+            raise ValueError(f"{where}: expected leading dimensions ('chain', 'draw'), received "
+                             f"{tuple(da.dims)}")
+        shapes.check(group, where, (int(da.shape[0]), int(da.shape[1])))
+
+
+def _arviz_major(az: Any) -> int:
+    return int(str(az.__version__).split(".")[0])
+
+
+def _from_dict_v0(from_dict: Callable, arrays: dict, datasets: dict, dims: dict,
+                  coords: dict) -> Any:
+    """ArviZ 0.x: groups as keyword arguments, custom / Dataset groups via ``add_groups``."""
+    idata = from_dict(**arrays, dims=dims or None, coords=coords or None)
+    if datasets:
+        idata.add_groups(datasets)
+    return idata
+
+
+def _from_dict_v1(from_dict: Callable, arrays: dict, datasets: dict, dims: dict,
+                  coords: dict) -> Any:
+    """ArviZ 1.x: the nested dict; Dataset groups become children of the ``DataTree``."""
+    tree = from_dict(arrays, dims=dims or None, coords=coords or None)
+    for group, dataset in datasets.items():
+        tree[group] = dataset
+    return tree
+
+
+def _group_names(idata: Any) -> list[str]:
+    if hasattr(idata, "groups") and callable(idata.groups):
+        names = idata.groups()
+        return [n.strip("/") for n in names if n.strip("/")]
+    return list(idata.children)  # xarray.DataTree (ArviZ 1.x): .groups is a tuple
+
+
+# -- the entry point -----------------------------------------------------------------------
+def from_nested_dict(groups: Mapping[str, Any], *, dims: Mapping[str, list[str]] | None = None,
+                     coords: Mapping[str, Any] | None = None,
+                     attrs: Mapping[str, Any] | None = None):
+    """Build ArviZ ``InferenceData`` (0.x) / ``DataTree`` (1.x) from nested groups.
+
+    Args:
+        groups: ``{group: {variable: array}}``. Sample groups (:data:`SAMPLE_GROUPS`) need
+            arrays of shape ``(chains, draws, ...)``, one ``(chains, draws)`` per family
+            (posterior family / prior family); data groups (:data:`DATA_GROUPS`) take arrays
+            of any shape. A group may instead be an ``xarray.Dataset`` (attached as is; the only
+            way to add a custom group such as :data:`FILTERING_GROUP`). ``None`` or empty
+            groups are skipped.
+        dims: ``{variable: [dim names of the non-sample axes]}`` (all of them when given).
+        coords: ``{dim: labels}``; lengths must match the axes they label.
+        attrs: attributes (str / numbers) set on every group and on the root.
+
+    Raises:
+        ValueError / TypeError naming the group, variable, expected and received shape.
+    """
+    import xarray as xr
+
+    if not isinstance(groups, Mapping):
+        raise TypeError(f"groups: expected a dict {{group: {{variable: array}}}}, received "
+                        f"{type(groups).__name__}")
+    dims_d, coords_d = _check_dims_coords(dims, coords)
+    attrs_d = _check_attrs(attrs)
+    shapes = _SampleShapes()
+    arrays: dict[str, dict[str, np.ndarray]] = {}
+    datasets: dict[str, Any] = {}
+    for group, content in groups.items():
+        if content is None:
+            continue
+        if isinstance(content, xr.Dataset):
+            _check_dataset_group(group, content, shapes)
+            datasets[group] = content
+            continue
+        if group not in SAMPLE_GROUPS and group not in DATA_GROUPS:
+            raise ValueError(f"groups: unknown group {group!r} given as a dict; known groups are "
+                             f"{SAMPLE_GROUPS + DATA_GROUPS}; a custom group must be an "
+                             f"xarray.Dataset (see trajectories_to_dataset)")
+        if not isinstance(content, Mapping):
+            raise TypeError(f"groups[{group!r}]: expected a dict {{variable: array}} or an "
+                            f"xarray.Dataset, received {type(content).__name__}")
+        converted: dict[str, np.ndarray] = {}
+        for var, value in content.items():
+            where = f"{group}[{var!r}]"
+            arr = _to_numpy(value, where)
+            if group in SAMPLE_GROUPS:
+                if arr.ndim < 2:
+                    raise ValueError(f"{where}: expected leading (chain, draw) axes, shape "
+                                     f"(chains, draws, ...), received {arr.shape}; a single "
+                                     f"chain of draws is x[None]")
+                shapes.check(group, where, (int(arr.shape[0]), int(arr.shape[1])))
+                event_shape = tuple(arr.shape[2:])
+            else:
+                event_shape = tuple(arr.shape)
+            _check_event_dims(where, var, event_shape, dims_d, coords_d)
+            converted[var] = arr
+        if converted:
+            arrays[group] = converted
+    if not arrays and not datasets:
+        raise ValueError("groups: expected at least one non-empty group, received none")
+
+    import arviz as az
+
+    build = _from_dict_v1 if _arviz_major(az) >= 1 else _from_dict_v0
+    idata = build(az.from_dict, arrays, datasets, dims_d, coords_d)
+    if attrs_d:
+        for group in _group_names(idata):
+            idata[group].attrs.update(attrs_d)
+        idata.attrs = {**(idata.attrs or {}), **attrs_d}
+    return idata
+
+
+def samples_to_inference_data(samples: Mapping[str, Any], *,
+                              dims: Mapping[str, list[str]] | None = None,
+                              coords: Mapping[str, Any] | None = None,
+                              log_likelihood: Mapping[str, Any] | Any | None = None,
+                              observed_data: Mapping[str, Any] | None = None,
+                              constant_data: Mapping[str, Any] | None = None,
+                              sample_stats: Mapping[str, Any] | None = None,
+                              trajectories: Mapping[str, Any] | Any | None = None,
+                              attrs: Mapping[str, Any] | None = None):
+    """InferenceData of posterior draws (MCMC chains, Gibbs sweeps, draws of a Gaussian).
+
+    Args:
+        samples: ``{name: (chains, draws, ...)}`` — the ``posterior`` group.
+        dims, coords, attrs: as in :func:`from_nested_dict`.
+        log_likelihood: ``{name: (chains, draws, n)}`` or the Dataset of
+            :func:`pointwise_log_likelihood` (for ``az.loo`` / ``az.waic``).
+        observed_data, constant_data: ``{name: array}`` without sample axes.
+        sample_stats: ``{name: (chains, draws, ...)}`` (e.g. ``lp``, acceptance).
+        trajectories: ``{name: (T, ...)}`` or a Dataset of :func:`trajectories_to_dataset`,
+            stored in the :data:`FILTERING_GROUP` group; a mapping uses ``dims`` / ``coords``
+            (``coords["time"]`` labels the time axis).
+    """
+    if not isinstance(samples, Mapping) or not samples:
+        raise ValueError("samples: expected a non-empty dict {name: (chains, draws, ...)}")
+    groups: dict[str, Any] = {"posterior": samples, "log_likelihood": log_likelihood,
+                              "sample_stats": sample_stats, "observed_data": observed_data,
+                              "constant_data": constant_data}
+    if trajectories is not None:
+        if isinstance(trajectories, Mapping):
+            trajectories = trajectories_to_dataset(trajectories, dims=dims, coords=coords)
+        groups[FILTERING_GROUP] = trajectories
+    return from_nested_dict(groups, dims=dims, coords=coords, attrs=attrs)
+
+
+# -- Gaussian posteriors -----------------------------------------------------------------------
+_JITTER_START, _JITTER_FACTOR, _JITTER_TRIES = 1e-10, 10.0, 5
+
+
+def _cholesky_with_jitter(S: np.ndarray, where: str) -> np.ndarray:
+    """Lower Cholesky factor of PSD ``S: (..., D, D)`` (float64) with escalating jitter.
+
+    Same policy as ``models.linalg_torch.jitter_cholesky`` for float64 (the NumPy twin used for
+    drawing from Gaussian posteriors): try ``S``, then ``S + j * mean(diag S) * I`` for
+    ``j = 1e-10 * 10**k``, ``k = 0..4``; warn :class:`JitterWarning` when jitter was needed,
+    raise ``ValueError`` when all tries fail.
+    """
+    try:
+        return np.linalg.cholesky(S)
+    except np.linalg.LinAlgError:
+        pass
+    diag = np.abs(np.diagonal(S, axis1=-2, axis2=-1))
+    scale = np.maximum(diag.mean(axis=-1), np.finfo(np.float64).tiny)[..., None, None]
+    eye = np.eye(S.shape[-1])
+    for k in range(_JITTER_TRIES):
+        j = _JITTER_START * _JITTER_FACTOR**k
+        try:
+            L = np.linalg.cholesky(S + j * scale * eye)
+        except np.linalg.LinAlgError:
+            continue
+        warnings.warn(f"{where}: Cholesky of covariance {S.shape} needed jitter {j:.1e} x mean "
+                      f"diagonal", JitterWarning, stacklevel=3)
+        return L
+    min_eig = float(np.linalg.eigvalsh(S).min())
+    raise ValueError(f"{where}: expected a positive semi-definite covariance, received one with "
+                     f"smallest eigenvalue {min_eig:.3g} (Cholesky failed even with jitter "
+                     f"{_JITTER_START * _JITTER_FACTOR ** (_JITTER_TRIES - 1):.0e} x mean "
+                     f"diagonal)")
+
+
+def _rng(seed: int | np.random.Generator) -> np.random.Generator:
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+        raise TypeError(f"seed: expected an int or numpy Generator, received {seed!r}")
+    return np.random.default_rng(int(seed))
+
+
+def gaussian_draws(mean: Mapping[str, Any], covariance: Mapping[str, Any] | None = None, *,
+                   variance: Mapping[str, Any] | None = None, num_draws: int = 1000,
+                   seed: int | np.random.Generator = 0) -> dict[str, np.ndarray]:
+    """Draws from Gaussian posteriors, as one chain: ``{name: (1, num_draws, *mean.shape)}``.
+
+    For each variable ``x`` with mean ``mu`` (shape ``s``, size ``M``, last axis ``D``) exactly
+    one of the following gives its covariance:
+
+    * ``variance[name]`` of shape ``s`` — independent entries: ``x = mu + sqrt(v) * eps``;
+    * ``covariance[name]`` of shape ``(M, M)`` — joint over the flattened vector:
+      ``vec(x) = vec(mu) + L eps`` with ``L L^T = Sigma``;
+    * ``covariance[name]`` broadcastable to ``s[:-1] + (D, D)`` — independent Gaussian rows of
+      the last axis, each ``x[..., :] = mu[..., :] + L[...] eps`` (e.g. the Kalman classifier's
+      ``K`` readout columns sharing one covariance ``A: (m, m)``, exported as ``M^T: (K, m)``).
+
+    The two covariance layouts coincide when they are the same matrix (``M == D``).
+    ``eps ~ N(0, I)`` comes from one ``numpy.random.Generator(seed)``, variables in the order
+    of ``mean``: same seed, same draws.
+
+    Args:
+        mean: ``{name: array}``.
+        covariance: ``{name: Sigma}`` (symmetric PSD to the input's precision, i.e.
+            ``max|S - S^T| <= sqrt(eps) max|S|``; symmetrized, jitter if needed).
+        variance: ``{name: v}`` with ``v >= 0``.
+        num_draws: draws per variable (``>= 1``).
+        seed: int or Generator.
+    """
+    if not isinstance(mean, Mapping) or not mean:
+        raise ValueError("mean: expected a non-empty dict {name: array}")
+    covariance = dict(covariance or {})
+    variance = dict(variance or {})
+    for name in list(covariance) + list(variance):
+        if name not in mean:
+            raise ValueError(f"covariance/variance: {name!r} has no entry in mean "
+                             f"(names in mean: {list(mean)})")
+    if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
+        raise ValueError(f"num_draws: expected an int >= 1, received {num_draws!r}")
+    # Check everything before drawing (clear errors before any work).
+    plan: list[tuple[str, np.ndarray, str, np.ndarray]] = []
+    for name, mu_in in mean.items():
+        mu = _to_numpy(mu_in, f"mean[{name!r}]").astype(np.float64)
+        if not np.isfinite(mu).all():
+            raise ValueError(f"mean[{name!r}]: expected finite values, received NaN or inf")
+        if (name in covariance) == (name in variance):
+            raise ValueError(f"{name!r}: expected exactly one of covariance[{name!r}] or "
+                             f"variance[{name!r}], received "
+                             f"{'both' if name in covariance else 'neither'}")
+        if name in variance:
+            v = _to_numpy(variance[name], f"variance[{name!r}]").astype(np.float64)
+            if v.shape != mu.shape:
+                raise ValueError(f"variance[{name!r}]: expected shape {mu.shape} (as the mean), "
+                                 f"received {v.shape}")
+            if not np.isfinite(v).all() or (v < 0).any():
+                raise ValueError(f"variance[{name!r}]: expected finite values >= 0")
+            plan.append((name, mu, "variance", v))
+            continue
+        S_in = _to_numpy(covariance[name], f"covariance[{name!r}]")
+        # symmetry is checked to the input's precision (a float32 covariance from a GPU learner
+        # is symmetric to ~1e-7 only), then enforced exactly
+        in_dtype = S_in.dtype if np.issubdtype(S_in.dtype, np.floating) else np.float64
+        sym_tol = math.sqrt(np.finfo(in_dtype).eps)
+        S = S_in.astype(np.float64)
+        M = mu.size
+        D = mu.shape[-1] if mu.ndim else 1
+        batch = mu.shape[:-1] if mu.ndim else ()
+        if S.ndim >= 2 and S.shape[-2:] == (D, D) and _broadcastable(S.shape[:-2], batch):
+            kind = "rows"
+        elif S.shape == (M, M):
+            kind = "joint"
+        else:
+            raise ValueError(f"covariance[{name!r}]: expected shape ({M}, {M}) (joint over the "
+                             f"flattened mean of shape {mu.shape}) or broadcastable to "
+                             f"{batch + (D, D)} (one covariance per row of the last axis), "
+                             f"received {S.shape}")
+        if not np.isfinite(S).all():
+            raise ValueError(f"covariance[{name!r}]: expected finite values, received NaN or inf")
+        asym = np.abs(S - np.swapaxes(S, -1, -2)).max(initial=0.0)
+        if asym > sym_tol * max(np.abs(S).max(initial=0.0), 1e-300):
+            raise ValueError(f"covariance[{name!r}]: expected a symmetric matrix (to "
+                             f"{sym_tol:.1g} x max |S|), received max |S - S^T| = {asym:.3g}")
+        plan.append((name, mu, kind, 0.5 * (S + np.swapaxes(S, -1, -2))))
+
+    rng = _rng(seed)
+    draws: dict[str, np.ndarray] = {}
+    for name, mu, kind, C in plan:
+        eps = rng.standard_normal((num_draws,) + mu.shape)
+        if kind == "variance":
+            x = mu + np.sqrt(C) * eps
+        elif kind == "joint":
+            L = _cholesky_with_jitter(C, f"covariance[{name!r}]")
+            x = mu + (eps.reshape(num_draws, -1) @ L.T).reshape((num_draws,) + mu.shape)
+        else:
+            L = _cholesky_with_jitter(C, f"covariance[{name!r}]")
+            if mu.ndim == 0:
+                x = mu + L[0, 0] * eps
+            else:
+                x = mu + np.einsum("...ij,s...j->s...i", L, eps)
+        draws[name] = x[None]
+    return draws
+
+
+def _broadcastable(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    if len(shape) > len(target):
+        return False
+    return all(a in (1, b) for a, b in zip(shape[::-1], target[::-1]))
+
+
+def gaussian_to_inference_data(mean: Mapping[str, Any], covariance: Mapping[str, Any] | None = None,
+                               *, variance: Mapping[str, Any] | None = None,
+                               num_draws: int = 1000, seed: int | np.random.Generator = 0,
+                               dims: Mapping[str, list[str]] | None = None,
+                               coords: Mapping[str, Any] | None = None,
+                               log_likelihood: Mapping[str, Any] | Callable | Any | None = None,
+                               observed_data: Mapping[str, Any] | None = None,
+                               constant_data: Mapping[str, Any] | None = None,
+                               sample_stats: Mapping[str, Any] | None = None,
+                               trajectories: Mapping[str, Any] | Any | None = None,
+                               attrs: Mapping[str, Any] | None = None):
+    """InferenceData of ``num_draws`` draws (one chain) from Gaussian posteriors.
+
+    For learners whose posterior is Gaussian: Kalman readout weights, GP inducing values, exact
+    GP latent ``f``. See :func:`gaussian_draws` for ``mean`` / ``covariance`` / ``variance``.
+
+    Args:
+        log_likelihood: a dict / Dataset as in :func:`samples_to_inference_data`, or a callable
+            ``draws -> {name: (1, num_draws, n)}`` evaluated on the draws (e.g. with
+            :func:`gaussian_log_likelihood`), so that ``az.loo`` sees the same draws.
+        others: as in :func:`samples_to_inference_data`.
+
+    Example (exact GP latent ``f`` at the training inputs, Gaussian noise ``s2``)::
+
+        gaussian_to_inference_data(
+            {"f": m}, {"f": K_post}, num_draws=500, seed=0,
+            log_likelihood=lambda d: {"y": gaussian_log_likelihood(d["f"], y, s2)},
+            observed_data={"y": y}, dims={"f": ["obs"], "y": ["obs"]})
+    """
+    draws = gaussian_draws(mean, covariance, variance=variance, num_draws=num_draws, seed=seed)
+    if callable(log_likelihood):
+        log_likelihood = log_likelihood(draws)
+    return samples_to_inference_data(draws, dims=dims, coords=coords,
+                                     log_likelihood=log_likelihood, observed_data=observed_data,
+                                     constant_data=constant_data, sample_stats=sample_stats,
+                                     trajectories=trajectories, attrs=attrs)
+
+
+# -- log-likelihood and trajectories -----------------------------------------------------------
+def gaussian_log_likelihood(f_draws: Any, y: Any, noise_variance: Any) -> np.ndarray:
+    """Pointwise ``log N(y_i | f_i^{(c,s)}, sigma^2)`` for every draw.
+
+    Args:
+        f_draws: ``(chains, draws, n)`` latent function draws.
+        y: ``(n,)`` targets.
+        noise_variance: ``sigma^2 > 0``, a scalar or broadcastable to ``f_draws``.
+
+    Returns:
+        ``(chains, draws, n)``; the density is :meth:`GaussianPredictive.log_prob`.
+    """
+    f = _to_numpy(f_draws, "f_draws").astype(np.float64)
+    yv = _to_numpy(y, "y").astype(np.float64)
+    if f.ndim != 3 or yv.ndim != 1 or f.shape[2] != yv.shape[0]:
+        raise ValueError(f"f_draws, y: expected shapes (chains, draws, n) and (n,), received "
+                         f"{f.shape} and {yv.shape}")
+    s2 = _to_numpy(noise_variance, "noise_variance").astype(np.float64)
+    try:
+        s2 = np.broadcast_to(s2, f.shape)
+    except ValueError as exc:
+        raise ValueError(f"noise_variance: expected a scalar or shape broadcastable to "
+                         f"{f.shape}, received {s2.shape}") from exc
+    if not np.isfinite(s2).all() or (s2 <= 0).any():
+        raise ValueError("noise_variance: expected finite values > 0")
+    flat = GaussianPredictive(f.reshape(-1), s2.reshape(-1))
+    return flat.log_prob(np.broadcast_to(yv, f.shape).reshape(-1)).reshape(f.shape)
+
+
+def pointwise_log_likelihood(log_density: Any, *, var_name: str = "y", obs_dim: str = "obs",
+                             obs_coords: Any = None):
+    """The ``log_likelihood`` group for ``az.loo`` / ``az.waic``: an ``xarray.Dataset`` with one
+    variable ``var_name`` of dims ``(chain, draw, obs_dim)``.
+
+    Args:
+        log_density: ``(chains, draws, n)`` — ``log p(y_i | theta^{(c,s)})`` per draw and
+            point (``(draws, n)`` is read as one chain).
+        var_name: name of the observed variable (matching ``observed_data``).
+        obs_dim: name of the pointwise dimension.
+        obs_coords: ``(n,)`` labels of the points (default ``0..n-1``).
+    """
+    import xarray as xr
+
+    ll = _to_numpy(log_density, "log_density").astype(np.float64)
+    if ll.ndim == 2:
+        ll = ll[None]
+    if ll.ndim != 3:
+        raise ValueError(f"log_density: expected shape (chains, draws, n) or (draws, n), "
+                         f"received {ll.shape}")
+    if np.isnan(ll).any() or np.isposinf(ll).any():
+        raise ValueError("log_density: expected log densities without NaN or +inf")
+    C, S, n = ll.shape
+    labels = np.arange(n) if obs_coords is None else np.asarray(as_numpy(obs_coords))
+    if labels.shape != (n,):
+        raise ValueError(f"obs_coords: expected shape ({n},), received {labels.shape}")
+    return xr.Dataset({var_name: (("chain", "draw", obs_dim), ll)},
+                      coords={"chain": np.arange(C), "draw": np.arange(S), obs_dim: labels})
+
+
+def trajectories_to_dataset(trajectories: Mapping[str, Any], *, time: Any = None,
+                            time_dim: str = "time", dims: Mapping[str, list[str]] | None = None,
+                            coords: Mapping[str, Any] | None = None,
+                            attrs: Mapping[str, Any] | None = None):
+    """An ``xarray.Dataset`` of trajectories over time for the :data:`FILTERING_GROUP` group.
+
+    Args:
+        trajectories: ``{name: (T, ...)}`` — e.g. ``gamma`` (Kalman forgetting coefficient
+            ``gamma_n``), ``alpha`` (calibration ``alpha_n``), ``mean`` (filtered ``m_n``,
+            ``(T, m)``), all with the same ``T``.
+        time: ``(T,)`` labels of the time axis (e.g. the number of points seen); default
+            ``coords[time_dim]`` if given, else ``0..T-1``.
+        time_dim: name of the time dimension.
+        dims: ``{name: [dims of the trailing axes]}`` (default ``{name}_dim_k``).
+        coords: labels of trailing dims (entries for unused dims are ignored).
+        attrs: dataset attributes (str / numbers).
+    """
+    import xarray as xr
+
+    if not isinstance(trajectories, Mapping) or not trajectories:
+        raise ValueError("trajectories: expected a non-empty dict {name: (T, ...)}")
+    dims_d, coords_d = _check_dims_coords(dims, coords)
+    attrs_d = _check_attrs(attrs)
+    data_vars: dict[str, Any] = {}
+    T: int | None = None
+    first = ""
+    used: set[str] = set()
+    for name, value in trajectories.items():
+        where = f"trajectories[{name!r}]"
+        arr = _to_numpy(value, where)
+        if arr.ndim < 1:
+            raise ValueError(f"{where}: expected shape (T, ...) with a leading time axis, "
+                             f"received a scalar")
+        if T is None:
+            T, first = int(arr.shape[0]), where
+        elif arr.shape[0] != T:
+            raise ValueError(f"{where}: expected {T} time steps (as {first}), received "
+                             f"{arr.shape[0]}")
+        _check_event_dims(where, name, tuple(arr.shape[1:]), dims_d, coords_d)
+        names = dims_d.get(name, [f"{name}_dim_{k}" for k in range(arr.ndim - 1)])
+        used.update(names)
+        data_vars[name] = ((time_dim, *names), arr)
+    if time is None:
+        time = coords_d.get(time_dim, np.arange(T))
+    time = np.asarray(as_numpy(time))
+    if time.shape != (T,):
+        raise ValueError(f"time: expected shape ({T},), received {time.shape}")
+    ds_coords: dict[str, Any] = {time_dim: time}
+    ds_coords.update({d: c for d, c in coords_d.items() if d in used})
+    return xr.Dataset(data_vars, coords=ds_coords, attrs=attrs_d)

@@ -1,0 +1,223 @@
+"""Exact GP regression learner (JAX, float64): the exact-GP baseline of VIPS and the
+"individual GP" learner of GP-ELLA.
+
+``update(batch)`` appends the batch to the data seen so far and refits the hyperparameters by
+type-II maximum likelihood (L-BFGS, warm-started from the current values); ``predict`` gives
+the exact Gaussian predictive (Rasmussen & Williams 2006, eqs. 2.25-2.26). The model and its
+closed forms are in :mod:`models.exact_gp`, the optimizer in :mod:`inference.type2ml`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ppl_cl.batch import Batch, as_numpy
+from ppl_cl.learner import Learner
+from ppl_cl.numerics import enable_x64
+from ppl_cl.predictive import GaussianPredictive
+
+__all__ = ["ExactGP", "KERNELS"]
+
+KERNELS = ("se", "se-ard", "matern52", "matern52-ard")
+
+
+class ExactGP(Learner):
+    """Exact GP regression with type-II ML hyperparameters.
+
+    Args:
+        kernel: ``"se"`` (isotropic squared exponential), ``"se-ard"``, ``"matern52"`` or
+            ``"matern52-ard"``.
+        variance: initial kernel variance s^2.
+        lengthscale: initial lengthscale (copied to every input dimension for ARD kernels).
+        noise_variance: initial Gaussian noise variance sigma^2.
+        optimize: fit hyperparameters on every ``update`` (``False`` keeps them fixed).
+        min_noise_variance: floor on sigma^2 during optimization.
+        max_iterations: L-BFGS iterations per ``update``.
+
+    The predictive includes the observation noise unless ``predict(..., latent=True)``.
+    """
+
+    learner_name = "exact-gp"
+
+    def __init__(self, kernel: str = "se-ard", variance: float = 1.0, lengthscale: float = 1.0,
+                 noise_variance: float = 0.1, optimize: bool = True,
+                 min_noise_variance: float = 1e-6, max_iterations: int = 1000) -> None:
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel: expected one of {KERNELS}, received {kernel!r}")
+        for name, val in (("variance", variance), ("lengthscale", lengthscale),
+                          ("noise_variance", noise_variance)):
+            if not (np.isfinite(val) and val > 0):
+                raise ValueError(f"{name}: expected a positive number, received {val}")
+        super().__init__(kernel=kernel, variance=float(variance), lengthscale=float(lengthscale),
+                         noise_variance=float(noise_variance), optimize=bool(optimize),
+                         min_noise_variance=float(min_noise_variance),
+                         max_iterations=int(max_iterations))
+        enable_x64()
+        self._X: np.ndarray | None = None
+        self._y: np.ndarray | None = None
+        self._params = None  # models.exact_gp.GPRegressionParams, built on first data
+        self._posterior = None
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _initial_params(self, input_dim: int):
+        import jax.numpy as jnp
+
+        from models import kernels_jax
+        from models.exact_gp import GPRegressionParams
+
+        c = self.config
+        ard = c["kernel"].endswith("-ard")
+        ls = jnp.full((input_dim if ard else 1,), c["lengthscale"], jnp.float64)
+        klass = kernels_jax.SquaredExponential if c["kernel"].startswith("se") else kernels_jax.Matern52
+        return GPRegressionParams(klass(jnp.asarray(c["variance"], jnp.float64), ls),
+                                  jnp.asarray(c["noise_variance"], jnp.float64))
+
+    def _condition(self) -> None:
+        import jax.numpy as jnp
+
+        from models.exact_gp import condition
+
+        self._posterior = condition(self._params, jnp.asarray(self._X), jnp.asarray(self._y))
+
+    @property
+    def input_dim(self) -> int | None:
+        return None if self._X is None else int(self._X.shape[1])
+
+    @property
+    def num_data(self) -> int:
+        return 0 if self._X is None else int(self._X.shape[0])
+
+    @property
+    def params(self):
+        """Current :class:`models.exact_gp.GPRegressionParams` (``None`` before any data)."""
+        return self._params
+
+    def hyperparameters(self) -> dict[str, np.ndarray]:
+        """Kernel variance, lengthscale(s) and noise variance as NumPy arrays."""
+        if self._params is None:
+            raise RuntimeError("no data yet: call update() first")
+        k = self._params.kernel
+        return {"variance": np.asarray(k.variance), "lengthscale": np.asarray(k.lengthscale),
+                "noise_variance": np.asarray(self._params.noise_variance)}
+
+    def log_marginal_likelihood(self) -> float:
+        """``log p(y | X, theta)`` of all data seen, at the current hyperparameters."""
+        import jax.numpy as jnp
+
+        from models.exact_gp import log_marginal_likelihood
+
+        if self._X is None:
+            raise RuntimeError("no data yet: call update() first")
+        return float(log_marginal_likelihood(self._params, jnp.asarray(self._X), jnp.asarray(self._y)))
+
+    # -- protocol ----------------------------------------------------------------------------
+    def update(self, batch: Batch) -> dict[str, Any]:
+        """Append ``batch`` to the data and refit hyperparameters (if ``optimize``)."""
+        import jax.numpy as jnp
+
+        from inference.type2ml import fit_type2ml
+        from models.exact_gp import GPRegressionParams, log_marginal_likelihood
+
+        batch.validate(input_dim=self.input_dim, regression=True)
+        x_new = as_numpy(batch.x).astype(np.float64)
+        y_new = as_numpy(batch.y).astype(np.float64)
+        X = x_new if self._X is None else np.concatenate([self._X, x_new])
+        y = y_new if self._y is None else np.concatenate([self._y, y_new])
+        params = self._params if self._params is not None else self._initial_params(X.shape[1])
+        record: dict[str, Any] = {"num_data": int(X.shape[0])}
+        if self.config["optimize"]:
+            Xj, yj = jnp.asarray(X), jnp.asarray(y)
+            import jax
+
+            floor = GPRegressionParams(  # no floors on kernel hyperparameters, one on the noise
+                kernel=jax.tree_util.tree_map(lambda _: 0.0, params.kernel),
+                noise_variance=self.config["min_noise_variance"])
+            result = fit_type2ml(lambda p: -log_marginal_likelihood(p, Xj, yj), params,
+                                 lower_bounds=floor, max_iterations=self.config["max_iterations"])
+            params = result.params
+            record.update(log_marginal_likelihood=-result.value,
+                          iterations=result.num_iterations, converged=result.converged)
+        # commit the new state only after everything above succeeded
+        self._X, self._y, self._params = X, y, params
+        self._condition()
+        if "log_marginal_likelihood" not in record:
+            record["log_marginal_likelihood"] = self.log_marginal_likelihood()
+        record.update({k: v.tolist() for k, v in self.hyperparameters().items()})
+        return record
+
+    def predict(self, x: Any, task_id: int | None = None, *, latent: bool = False,
+                full_cov: bool = False):
+        """Gaussian predictive at ``x (n, d)``; ``latent=True`` excludes the noise variance.
+
+        With ``full_cov=True`` returns ``(mean (n,), covariance (n, n))`` NumPy arrays instead.
+        """
+        import jax.numpy as jnp
+
+        from models.exact_gp import posterior_predictive
+
+        if self._posterior is None:
+            raise RuntimeError("ExactGP.predict before any update(): no data to condition on")
+        xb = Batch(x).validate(input_dim=self.input_dim, require_targets=False, allow_empty=True)
+        mean, var = posterior_predictive(self._params, self._posterior,
+                                         jnp.asarray(as_numpy(xb.x), jnp.float64),
+                                         include_noise=not latent, full_cov=full_cov)
+        if full_cov:
+            return np.asarray(mean), np.asarray(var)
+        return GaussianPredictive(np.asarray(mean), np.asarray(var))
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._params is None:
+            return {"X": None, "y": None, "hyperparameters": None}
+        return {"X": self._X, "y": self._y, "hyperparameters": self.hyperparameters()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        import jax.numpy as jnp
+
+        if state["X"] is None:
+            self._X = self._y = self._params = self._posterior = None
+            return
+        X, y = np.asarray(state["X"], np.float64), np.asarray(state["y"], np.float64)
+        hp = state["hyperparameters"]
+        params = self._initial_params(X.shape[1])
+        if np.shape(hp["lengthscale"]) != tuple(params.kernel.lengthscale.shape):
+            raise ValueError(f"lengthscale: expected shape {tuple(params.kernel.lengthscale.shape)} "
+                             f"for kernel {self.config['kernel']!r}, received {np.shape(hp['lengthscale'])}")
+        params = params._replace(
+            kernel=params.kernel.__class__(jnp.asarray(hp["variance"]), jnp.asarray(hp["lengthscale"])),
+            noise_variance=jnp.asarray(hp["noise_variance"]))
+        self._X, self._y, self._params = X, y, params
+        self._condition()
+
+    def to_inference_data(self, x: Any = None, y: Any = None, *, num_draws: int = 500,
+                          seed: int = 0):
+        """ArviZ InferenceData of the posterior over latent ``f`` at ``x``.
+
+        Args:
+            x: inputs ``(n, d)``; default the training inputs.
+            y: optional targets at ``x``: adds ``observed_data`` and a pointwise
+               ``log_likelihood`` (log N(y_i | f_i, sigma^2) per draw) for ``az.loo``.
+            num_draws: draws from the exact Gaussian posterior of ``f(x)`` (one chain).
+
+        Hyperparameters (point estimates) go to ``constant_data``.
+        """
+        from ppl_cl.inference_data import gaussian_log_likelihood, gaussian_to_inference_data
+
+        if self._posterior is None:
+            raise RuntimeError("no data yet: call update() first")
+        x = self._X if x is None else as_numpy(Batch(x).validate(
+            input_dim=self.input_dim, require_targets=False).x)
+        mean, cov = self.predict(x, latent=True, full_cov=True)
+        hp = self.hyperparameters()
+        extra = {}
+        if y is not None:
+            y = Batch(x, as_numpy(y)).validate(regression=True).y.astype(np.float64)
+            s2 = float(hp["noise_variance"])
+            extra = {"log_likelihood": lambda d: {"y": gaussian_log_likelihood(d["f"], y, s2)},
+                     "observed_data": {"y": y}}
+        return gaussian_to_inference_data(
+            {"f": mean}, {"f": cov}, num_draws=num_draws, seed=seed,
+            dims={"f": ["obs"], "y": ["obs"], "lengthscale": ["input_dim"]},
+            coords={"obs": np.arange(x.shape[0])},
+            constant_data=hp, **extra)

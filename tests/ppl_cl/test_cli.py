@@ -1,0 +1,88 @@
+"""The `ppl-cl` command: list, run (stable names), --set parsing, data list, reproduce."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from ppl_cl.cli import main
+from ppl_cl.experiments.base import ConfigError, build_config, get
+
+
+def test_list_shows_registered_experiments(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "exact-gp-uci" in out and "exact-gp-synthetic" in out
+
+
+def test_console_script_installed():
+    exe = shutil.which("ppl-cl") or str(__import__("pathlib").Path(sys.executable).parent / "ppl-cl")
+    out = subprocess.run([exe, "list"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "exact-gp-uci" in out.stdout, out.stderr
+
+
+@pytest.mark.data("uci-gal/concrete")
+def test_run_exact_gp_uci_quick_writes_run_folder(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "exact-gp-uci", "--quick", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    summary = metrics["summary"]
+    assert isinstance(summary["rmse"], float) and isinstance(summary["nlpd"], float)
+    assert "standardized" in metrics["units"]
+    # the exact GP on concrete is a well-known quantity: VIPS Table 1 reports .33 (.01)
+    assert 0.2 < summary["rmse"] < 0.45 and summary["nlpd"] < 0.6
+    config = json.loads((out / "config.json").read_text())
+    assert config["experiment"] == "exact-gp-uci" and config["quick"] is True
+    assert config["config"]["dataset"] == "concrete"
+    for name in ("predictions.png", "checkpoint.npz", "posterior.nc"):
+        assert (out / name).is_file()
+    assert metrics["figures"] == ["predictions.png"]
+
+
+def test_set_overrides_are_typed_and_checked():
+    spec = get("exact-gp-uci")
+    cfg = build_config(spec, quick=True, overrides={"dataset": "yacht", "split": "3",
+                                                    "noise_variance": "0.5"})
+    assert (cfg.dataset, cfg.split, cfg.noise_variance) == ("yacht", 3, 0.5)
+    assert cfg.max_iterations == spec.quick["max_iterations"]
+    with pytest.raises(ConfigError, match="unknown config key 'nope'"):
+        build_config(spec, overrides={"nope": "1"})
+    with pytest.raises(ConfigError, match="cannot read 'abc'"):
+        build_config(spec, overrides={"split": "abc"})
+
+
+def test_cli_errors_are_one_line(capsys):
+    assert main(["run", "no-such-experiment"]) == 2
+    assert "unknown experiment" in capsys.readouterr().err
+    assert main(["run", "exact-gp-uci", "--set", "nope=1"]) == 2
+
+
+def test_data_list_reports_found_and_missing(tmp_data_root, capsys):
+    assert main(["data", "list", "--no-checksum"]) == 0
+    out = capsys.readouterr().out
+    assert str(tmp_data_root) in out
+    assert "digits" in out and "(bundled)" in out
+    assert "missing mnist/train-images-idx3-ubyte.gz" in out
+
+
+@pytest.mark.data("mnist")
+def test_data_list_checksums_on_shared_data(capsys):
+    assert main(["data", "list"]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("mnist "))
+    assert "yes" in line and "ok" in line
+
+
+def test_reproduce_quick_synthetic_and_missing_data(tmp_data_root, tmp_path, capsys):
+    out = tmp_path / "rep"
+    code = main(["reproduce", "--quick", "--out", str(out), "--only", "exact-gp-synthetic",
+                 "exact-gp-uci"])
+    assert code == 0
+    report = (out / "report.md").read_text()
+    assert "| exact-gp-synthetic | rmse_batch4 |" in report
+    assert "0.2 | Pescador-Barrios" in report  # the paper column is filled
+    assert "| exact-gp-uci | — | not run (missing data)" in report
+    results = json.loads((out / "reproduce.json").read_text())
+    assert results["exact-gp-synthetic"]["status"] == "ok"
+    assert results["exact-gp-synthetic"]["summary"]["rmse_batch4"] < 0.35

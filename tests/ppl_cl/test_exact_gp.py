@@ -1,0 +1,124 @@
+"""The exact GP learner against scikit-learn (rtol 1e-8), the protocol, save/load, bad input."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from sklearn.gaussian_process import GaussianProcessRegressor
+from sklearn.gaussian_process import kernels as sk
+
+from ppl_cl import Batch, Learner
+from ppl_cl.learners.exact_gp import ExactGP
+
+rng = np.random.default_rng(3)
+X = rng.uniform(-2, 2, size=(80, 3))
+Y = np.sin(2 * X[:, 0]) + X[:, 1] ** 2 - 0.5 * X[:, 2] + 0.1 * rng.normal(size=80)
+XS = rng.uniform(-2, 2, size=(15, 3))
+
+
+def _fixed_gp(v=1.2, ls=0.9, noise=0.03, kernel="se"):
+    gp = ExactGP(kernel=kernel, variance=v, lengthscale=ls, noise_variance=noise, optimize=False)
+    gp.update(Batch(X, Y))
+    return gp
+
+
+@pytest.mark.parametrize("kernel,sk_kernel", [
+    ("se", sk.ConstantKernel(1.2, "fixed") * sk.RBF(0.9, "fixed")),
+    ("matern52-ard", sk.ConstantKernel(1.2, "fixed") * sk.Matern([0.9] * 3, "fixed", nu=2.5)),
+])
+def test_matches_sklearn_at_fixed_hyperparameters(kernel, sk_kernel):
+    gp = _fixed_gp(kernel=kernel)
+    ref = GaussianProcessRegressor(sk_kernel, alpha=0.03, optimizer=None).fit(X, Y)
+    np.testing.assert_allclose(gp.log_marginal_likelihood(), ref.log_marginal_likelihood_value_,
+                               rtol=1e-8)
+    mean_ref, std_ref = ref.predict(XS, return_std=True)
+    pred = gp.predict(XS, latent=True)
+    np.testing.assert_allclose(pred.mean, mean_ref, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(pred.variance, std_ref**2, rtol=1e-8, atol=1e-10)
+    noisy = gp.predict(XS)
+    np.testing.assert_allclose(noisy.variance, std_ref**2 + 0.03, rtol=1e-8)
+
+
+def test_type2_fit_matches_sklearn_optimum():
+    gp = ExactGP(kernel="se-ard")
+    rec = gp.update(Batch(X, Y))
+    ref = GaussianProcessRegressor(sk.ConstantKernel() * sk.RBF([1.0] * 3)
+                                   + sk.WhiteKernel(0.1, (1e-6, 1e5)), alpha=0.0).fit(X, Y)
+    assert rec["converged"]
+    assert rec["log_marginal_likelihood"] >= ref.log_marginal_likelihood_value_ - 1e-5
+    np.testing.assert_allclose(rec["log_marginal_likelihood"], ref.log_marginal_likelihood_value_,
+                               rtol=1e-4)
+
+
+def test_update_appends_and_equals_one_shot_fit():
+    a = ExactGP(kernel="se", variance=1.2, lengthscale=0.9, noise_variance=0.03, optimize=False)
+    a.update(Batch(X[:30], Y[:30]))
+    rec = a.update(Batch(X[30:], Y[30:]))
+    assert rec["num_data"] == 80 and a.num_data == 80
+    b = _fixed_gp()
+    np.testing.assert_allclose(a.predict(XS).mean, b.predict(XS).mean, rtol=1e-12)
+
+
+def test_save_load_predicts_identically(tmp_path):
+    gp = ExactGP(kernel="se-ard", max_iterations=50)
+    gp.update(Batch(X[:40], Y[:40]))
+    gp.save(tmp_path / "gp.npz")
+    back = Learner.load(tmp_path / "gp.npz")
+    assert isinstance(back, ExactGP)
+    np.testing.assert_array_equal(back.predict(XS).mean, gp.predict(XS).mean)
+    # resumed run == uninterrupted run
+    gp.update(Batch(X[40:], Y[40:]))
+    back.update(Batch(X[40:], Y[40:]))
+    np.testing.assert_allclose(back.predict(XS).mean, gp.predict(XS).mean, rtol=1e-10)
+
+
+def test_bad_input_leaves_state_unchanged():
+    gp = _fixed_gp()
+    before = gp.predict(XS).mean.copy()
+    with pytest.raises(ValueError, match=r"x: expected shape \(n, 3\)"):
+        gp.update(Batch(np.zeros((4, 2)), np.zeros(4)))
+    bad = X[:4].copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(ValueError, match="x: expected finite values"):
+        gp.update(Batch(bad, Y[:4]))
+    with pytest.raises(ValueError, match="y: expected finite targets"):
+        gp.update(Batch(X[:4], np.array([0.0, np.nan, 1.0, 2.0])))
+    with pytest.raises(ValueError, match="at least one row"):
+        gp.update(Batch(np.zeros((0, 3)), np.zeros(0)))
+    assert gp.num_data == 80
+    np.testing.assert_array_equal(gp.predict(XS).mean, before)
+    with pytest.raises(ValueError, match="kernel"):
+        ExactGP(kernel="rbf")
+    with pytest.raises(ValueError, match="noise_variance"):
+        ExactGP(noise_variance=-1.0)
+    with pytest.raises(RuntimeError, match="before any update"):
+        ExactGP().predict(XS)
+
+
+# PSIS-LOO on a Gaussian-noise GP with few draws often has Pareto k > 0.7: expected, not a bug.
+@pytest.mark.filterwarnings("ignore:Estimated shape parameter of Pareto:UserWarning")
+def test_to_inference_data_draws_and_loo():
+    import arviz as az
+
+    gp = _fixed_gp()
+    idata = gp.to_inference_data(X[:15], Y[:15], num_draws=400, seed=1)  # LOO on training data
+    f = idata.posterior["f"].values
+    assert f.shape == (1, 400, 15)
+    mean, cov = gp.predict(X[:15], latent=True, full_cov=True)
+    se = np.sqrt(np.diag(cov) / 400)
+    assert np.all(np.abs(f[0].mean(0) - mean) < 5 * se)
+    assert idata.log_likelihood["y"].shape == (1, 400, 15)
+    assert np.isfinite(az.loo(idata).elpd_loo)
+    assert float(idata.constant_data["noise_variance"].values.ravel()[0]) == pytest.approx(0.03)
+
+
+def test_learner_switches_float64_on_by_itself():
+    """A fresh process without the test harness's x64 flag still fits in float64."""
+    code = ("import numpy as np, jax; assert not jax.config.read('jax_enable_x64');"
+            "from ppl_cl.learners.exact_gp import ExactGP; from ppl_cl import Batch;"
+            "gp = ExactGP(optimize=False); x = np.linspace(0, 1, 20)[:, None];"
+            "gp.update(Batch(x, np.sin(x[:, 0])));"
+            "assert gp.params.kernel.lengthscale.dtype == np.float64; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
