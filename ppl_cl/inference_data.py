@@ -45,6 +45,7 @@ import numpy as np
 
 from ppl_cl.batch import as_numpy
 from ppl_cl.predictive import GaussianPredictive
+from ppl_cl.seeding import as_generator
 
 __all__ = [
     "SAMPLE_GROUPS",
@@ -344,14 +345,6 @@ def _cholesky_with_jitter(S: np.ndarray, where: str) -> np.ndarray:
                      f"diagonal)")
 
 
-def _rng(seed: int | np.random.Generator) -> np.random.Generator:
-    if isinstance(seed, np.random.Generator):
-        return seed
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-        raise TypeError(f"seed: expected an int or numpy Generator, received {seed!r}")
-    return np.random.default_rng(int(seed))
-
-
 def gaussian_draws(mean: Mapping[str, Any], covariance: Mapping[str, Any] | None = None, *,
                    variance: Mapping[str, Any] | None = None, num_draws: int = 1000,
                    seed: int | np.random.Generator = 0) -> dict[str, np.ndarray]:
@@ -434,7 +427,7 @@ def gaussian_draws(mean: Mapping[str, Any], covariance: Mapping[str, Any] | None
                              f"{sym_tol:.1g} x max |S|), received max |S - S^T| = {asym:.3g}")
         plan.append((name, mu, kind, 0.5 * (S + np.swapaxes(S, -1, -2))))
 
-    rng = _rng(seed)
+    rng = as_generator(seed)
     draws: dict[str, np.ndarray] = {}
     for name, mu, kind, C in plan:
         eps = rng.standard_normal((num_draws,) + mu.shape)

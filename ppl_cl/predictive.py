@@ -20,14 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ppl_cl.batch import as_numpy
+from ppl_cl.seeding import as_generator
 
 __all__ = ["GaussianPredictive", "CategoricalPredictive"]
 
 _LOG_2PI = math.log(2.0 * math.pi)
-
-
-def _rng(seed: int | np.random.Generator | None) -> np.random.Generator:
-    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
 
 
 @dataclass(frozen=True)
@@ -67,7 +64,7 @@ class GaussianPredictive:
 
     def sample(self, num_samples: int = 1, seed: int | np.random.Generator | None = None) -> np.ndarray:
         """Draws of shape ``(num_samples, n)``."""
-        eps = _rng(seed).standard_normal((num_samples, self.mean.shape[0]))
+        eps = as_generator(seed).standard_normal((num_samples, self.mean.shape[0]))
         return self.mean + self.stddev * eps
 
     def interval(self, mass: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
@@ -133,7 +130,7 @@ class CategoricalPredictive:
 
     def sample(self, num_samples: int = 1, seed: int | np.random.Generator | None = None) -> np.ndarray:
         """Labels of shape ``(num_samples, n)``."""
-        rng = _rng(seed)
+        rng = as_generator(seed)
         cdf = np.cumsum(self.probs, axis=1)
         u = rng.random((num_samples, self.probs.shape[0], 1))
         return np.minimum((u > cdf[None]).sum(axis=2), self.num_classes - 1)

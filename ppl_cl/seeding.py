@@ -6,7 +6,7 @@ import random
 
 import numpy as np
 
-__all__ = ["seed_everything", "jax_key"]
+__all__ = ["seed_everything", "jax_key", "as_generator"]
 
 
 def seed_everything(seed: int) -> None:
@@ -36,3 +36,19 @@ def jax_key(seed: int):
     import jax
 
     return jax.random.PRNGKey(seed)
+
+
+def as_generator(seed: "int | np.random.Generator | None") -> np.random.Generator:
+    """A NumPy ``Generator`` from an int seed (or the generator itself; ``None`` = fresh entropy).
+
+    Raises:
+        TypeError: for anything else (a float or a bool is a bug, not a seed).
+    """
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if seed is None:
+        return np.random.default_rng()
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed: expected an int or a numpy.random.Generator, received "
+                        f"{type(seed).__name__}")
+    return np.random.default_rng(int(seed))

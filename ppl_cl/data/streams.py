@@ -31,6 +31,7 @@ import numpy as np
 from ppl_cl.batch import Batch, array_backend, as_numpy
 from ppl_cl.predictive import CategoricalPredictive, GaussianPredictive
 from ppl_cl.progress import progress as _progress
+from ppl_cl.seeding import as_generator
 
 __all__ = [
     "TaskSplit", "split_tasks", "task_permutations", "permuted_tasks",
@@ -60,15 +61,6 @@ class TaskSplit(NamedTuple):
 
 
 # -- backend-neutral helpers ----------------------------------------------------------------
-
-def _rng(seed: int | np.random.Generator) -> np.random.Generator:
-    if isinstance(seed, np.random.Generator):
-        return seed
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed: expected an int or a numpy.random.Generator, received "
-                        f"{type(seed).__name__}")
-    return np.random.default_rng(int(seed))
-
 
 def _take(a: Any, index: np.ndarray, axis: int = 0) -> Any:
     """``a`` indexed by the integer array ``index`` along ``axis``, in ``a``'s own library."""
@@ -195,7 +187,7 @@ def task_permutations(input_dim: int, n_tasks: int = 10, seed: int | np.random.G
     """
     d = _check_int(input_dim, "input_dim", 1)
     T = _check_int(n_tasks, "n_tasks", 1)
-    rng = _rng(seed)
+    rng = as_generator(seed)
     perms = np.stack([rng.permutation(d) for _ in range(T)])
     if first_unpermuted:
         perms[0] = np.arange(d)
@@ -294,7 +286,7 @@ def class_incremental_sessions(x_train: Any, y_train: Any, x_test: Any, y_test: 
     if short:
         raise ValueError(f"n_shots: expected at least {shots} training examples per novel class, "
                          f"classes {sorted(short)} have {sorted(set(short.values()))}")
-    rng = _rng(seed)
+    rng = as_generator(seed)
     out = []
     base = tuple(int(c) for c in order[:n_base])
     idx_tr = np.flatnonzero(np.isin(y_tr, base))
@@ -362,7 +354,7 @@ def online_chunks(x: Any, y: Any, chunk_size: int = 10, shuffle: bool = False,
     data = _as_pair(x, y, "x/y")
     b = _check_int(chunk_size, "chunk_size", 1)
     n = len(data)
-    order = _rng(seed).permutation(n) if shuffle else np.arange(n)
+    order = as_generator(seed).permutation(n) if shuffle else np.arange(n)
     return [_subset(data, order[i: i + b], None) for i in range(0, n, b)]
 
 
@@ -420,7 +412,7 @@ def task_stream(tasks: Sequence[tuple[Any, Any] | Batch | TaskSplit], chunk_size
             raise ValueError(f"tasks[{t}]: expected inputs of shape (n, {batches[0].input_dim}) "
                              f"(as tasks[0]), received {tuple(batch.x.shape)}")
         batches.append(batch)
-    rng = _rng(seed)
+    rng = as_generator(seed)
     if shuffle_within_tasks:
         batches = [_subset(bt, rng.permutation(len(bt)), None) for bt in batches]
     sizes = np.asarray([len(bt) for bt in batches], dtype=np.int64)
@@ -535,6 +527,6 @@ def validation_split(x: Any, y: Any, n_valid: int, seed: int | np.random.Generat
     if k >= n:
         raise ValueError(f"n_valid: expected less than n = {n} (training part must be non-empty), "
                          f"received {k}")
-    perm = _rng(seed).permutation(n)
+    perm = as_generator(seed).permutation(n)
     tr, va = perm[: n - k], perm[n - k:]
     return (_take(data.x, tr), _take(data.y, tr)), (_take(data.x, va), _take(data.y, va))

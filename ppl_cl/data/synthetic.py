@@ -23,6 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ppl_cl.seeding import as_generator
+
 __all__ = [
     "FOUR_BLOBS_MEANS", "FOUR_BLOBS_COVARIANCES", "four_blobs", "FOUR_BLOBS_TASKS",
     "EllaTasks", "ella_linear_tasks",
@@ -34,21 +36,12 @@ __all__ = [
     "KALMAN_NOISE_VARIANCE", "PiecewiseSeries", "kalman_piecewise_series",
 ]
 
-def _rng(seed: int | np.random.Generator) -> np.random.Generator:
-    """A NumPy generator from an int seed (or the generator itself)."""
-    if isinstance(seed, np.random.Generator):
-        return seed
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed: expected an int or a numpy.random.Generator, received "
-                        f"{type(seed).__name__}")
-    return np.random.default_rng(int(seed))
-
 
 def _child_generators(seed: int | np.random.Generator, n: int) -> list[np.random.Generator]:
     """``n`` independent generators derived from ``seed`` (SeedSequence spawning)."""
     if isinstance(seed, np.random.Generator):
         return list(seed.spawn(n))
-    _rng(seed)  # type check
+    as_generator(seed)  # type check
     return [np.random.default_rng(s) for s in np.random.SeedSequence(int(seed)).spawn(n)]
 
 
@@ -105,7 +98,7 @@ def four_blobs(n_per_class: int = 50, seed: int | np.random.Generator = 0
         ``(4 * n_per_class,)``, ordered by class (all of class 0 first, then 1, 2, 3).
     """
     n = _check_positive_int(n_per_class, "n_per_class")
-    rng = _rng(seed)
+    rng = as_generator(seed)
     xs, ys = [], []
     for k, (mean, cov) in enumerate(zip(FOUR_BLOBS_MEANS, FOUR_BLOBS_COVARIANCES)):
         # x = mu + C eps, C C^T = Sigma (Cholesky factor, the blob's covariance)
@@ -187,7 +180,7 @@ def ella_linear_tasks(n_tasks: int = 100, n_per_task: int = 100, dim: int = 13,
         raise ValueError(f"n_nonzero: expected an int in 1..{k} (n_latent), received {nnz!r}")
     if not np.isfinite(noise_std) or noise_std <= 0:
         raise ValueError(f"noise_std: expected a positive float, received {noise_std!r}")
-    rng = _rng(seed)
+    rng = as_generator(seed)
 
     L = rng.standard_normal((d, k))
     S = np.zeros((T, k))
@@ -400,7 +393,7 @@ def vips_d1(seed: int | np.random.Generator = 0) -> tuple[np.ndarray, np.ndarray
     Returns:
         ``x`` ``(500, 1)`` and ``y`` ``(500,)``.
     """
-    rng = _rng(seed)
+    rng = as_generator(seed)
     x = np.sort(rng.uniform(0.0, 10.0, size=500))
     return _vips_observe(x, VIPS_NOISE_STD, rng)
 
@@ -414,7 +407,7 @@ def vips_d2(seed: int | np.random.Generator = 0) -> tuple[np.ndarray, np.ndarray
     Returns:
         ``x`` ``(150, 1)`` and ``y`` ``(150,)``.
     """
-    rng = _rng(seed)
+    rng = as_generator(seed)
     x = rng.uniform(0.0, 10.0, size=150)
     return _vips_observe(x, VIPS_NOISE_STD, rng)
 
@@ -443,7 +436,7 @@ def vips_d3(seed: int | np.random.Generator = 0) -> tuple[np.ndarray, np.ndarray
     Returns:
         ``x`` ``(1300, 1)`` and ``y`` ``(1300,)``; rows 0..999 uniform, rows 1000..1299 Cauchy.
     """
-    rng = _rng(seed)
+    rng = as_generator(seed)
     x_uniform = rng.uniform(4.5, 7.0, size=1000)
     x_cauchy = _truncated_cauchy(rng, 300, loc=6.0, scale=1.0, low=0.0, high=10.0)
     return _vips_observe(np.concatenate([x_uniform, x_cauchy]), VIPS_NOISE_STD, rng)
@@ -468,7 +461,7 @@ def vips_speed_accuracy(seed: int | np.random.Generator = 0) -> SpeedAccuracyDat
     Returns:
         :class:`SpeedAccuracyData` ``(x (1000, 1), y (1000,), x_test (500, 1), f_test (500,))``.
     """
-    rng = _rng(seed)
+    rng = as_generator(seed)
     x = np.sort(rng.uniform(0.0, 12.0, size=1000))
     x, y = _vips_observe(x, VIPS_SPEED_NOISE_STD, rng)
     x_test = np.linspace(0.0, 10.0, 500)
@@ -522,7 +515,7 @@ def kalman_piecewise_series(seed: int | np.random.Generator = 0) -> PiecewiseSer
         :class:`PiecewiseSeries` with ``y`` ``(3058,)``, ``mean`` ``(3058,)``,
         ``change_points`` ``(7,)`` int64 and ``segment_means`` ``(8,)``.
     """
-    rng = _rng(seed)
+    rng = as_generator(seed)
     means = np.asarray(KALMAN_SEGMENT_MEANS, dtype=np.float64)
     change_points = np.asarray(KALMAN_CHANGE_POINTS, dtype=np.int64)
     # segment index of step n = number of change points <= n
