@@ -127,9 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         return handlers[args.cmd](args)
     except Exception as err:  # user-facing errors: one line, non-zero exit
         from ppl_cl.data.root import MissingDataError
-        from ppl_cl.experiments.base import ConfigError
+        from ppl_cl.experiments.base import ConfigError, DeviceError
 
-        if isinstance(err, (MissingDataError, ConfigError, KeyError)):
+        if isinstance(err, (MissingDataError, ConfigError, DeviceError, KeyError)):
             print(f"ppl-cl: {err}", file=sys.stderr)
             return 2
         raise

@@ -36,11 +36,21 @@ from ppl_cl.progress import progress, progress_enabled
 from ppl_cl.seeding import seed_everything
 
 __all__ = ["PaperNumber", "ExperimentSpec", "RunContext", "register", "get", "registry",
-           "build_config", "run_experiment", "ConfigError"]
+           "build_config", "run_experiment", "ConfigError", "DeviceError"]
 
 
 class ConfigError(ValueError):
     """Bad experiment name, unknown config key or unparsable ``--set`` value."""
+
+
+class DeviceError(RuntimeError):
+    """``--device`` names a device this machine does not have."""
+
+
+def _check_device(device: str) -> str:
+    if device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):
+        return device
+    raise ConfigError(f"--device: expected cpu, cuda or cuda:N, received {device!r}")
 
 
 @dataclass(frozen=True)
@@ -192,7 +202,7 @@ class RunContext:
         import torch
 
         if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise RuntimeError("--device cuda: torch sees no CUDA device on this machine")
+            raise DeviceError(f"--device {self.device}: torch sees no CUDA device on this machine")
         return torch.device(self.device)
 
     def jax_device(self):
@@ -204,9 +214,11 @@ class RunContext:
                 gpus = jax.devices("gpu")
             except RuntimeError:
                 gpus = []
-            if not gpus:
-                raise RuntimeError("--device cuda: JAX sees no GPU (install jax[cuda12])")
-            return gpus[0]
+            index = int(self.device[5:]) if ":" in self.device else 0
+            if len(gpus) <= index:
+                raise DeviceError(f"--device {self.device}: JAX sees {len(gpus)} GPU(s) "
+                                  "(a CUDA build of jaxlib is needed, e.g. pip install jax[cuda12])")
+            return gpus[index]
         return jax.devices("cpu")[0]
 
 
@@ -252,6 +264,7 @@ def run_experiment(name: str, *, quick: bool = False, seed: int = 0, device: str
                    data_dir: str | None = None, show_progress: bool | None = None) -> dict:
     """Run experiment ``name`` and write its run folder; returns the metrics dict."""
     spec = get(name)
+    _check_device(device)
     config = build_config(spec, quick=quick, overrides=overrides)
     out_dir = Path(out) if out is not None else Path("runs") / name
     out_dir.mkdir(parents=True, exist_ok=True)

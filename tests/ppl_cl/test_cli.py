@@ -86,3 +86,14 @@ def test_reproduce_quick_synthetic_and_missing_data(tmp_data_root, tmp_path, cap
     results = json.loads((out / "reproduce.json").read_text())
     assert results["exact-gp-synthetic"]["status"] == "ok"
     assert results["exact-gp-synthetic"]["summary"]["rmse_batch4"] < 0.35
+
+
+def test_device_errors_are_clear(capsys, tmp_path):
+    import torch
+
+    assert main(["run", "exact-gp-synthetic", "--device", "tpu"]) == 2
+    assert "expected cpu, cuda or cuda:N" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["run", "exact-gp-synthetic", "--quick", "--device", "cuda",
+                     "--out", str(tmp_path)]) == 2
+        assert "--device cuda" in capsys.readouterr().err
