@@ -304,7 +304,10 @@ def samples_to_inference_data(samples: Mapping[str, Any], *,
                               "sample_stats": sample_stats, "observed_data": observed_data,
                               "constant_data": constant_data}
     if trajectories is not None:
-        if isinstance(trajectories, Mapping):
+        import xarray as xr
+
+        # an xarray.Dataset is itself a Mapping: keep it as built (with its time coordinate)
+        if isinstance(trajectories, Mapping) and not isinstance(trajectories, xr.Dataset):
             trajectories = trajectories_to_dataset(trajectories, dims=dims, coords=coords)
         groups[FILTERING_GROUP] = trajectories
     return from_nested_dict(groups, dims=dims, coords=coords, attrs=attrs)

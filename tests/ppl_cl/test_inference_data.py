@@ -355,3 +355,11 @@ def test_arviz_base_from_dict_when_available():
     assert tree["posterior"]["w"].dims == ("chain", "draw", "feature")
     assert tree["observed_data"]["y"].dims == ("obs",)
     assert tree[FILTERING_GROUP]["g"].dims == ("time",)
+
+
+def test_trajectories_given_as_dataset_keep_their_time_coordinate():
+    """A Dataset is a Mapping too: it must be kept as built, not rebuilt (time coords lost)."""
+    ds = trajectories_to_dataset({"gamma": np.array([1.0, 0.9, 0.8])}, time=np.array([10, 20, 30]))
+    idata = samples_to_inference_data({"w": np.zeros((1, 4, 2))}, dims={"w": ["feature"]},
+                                      trajectories=ds)
+    np.testing.assert_array_equal(idata[FILTERING_GROUP]["time"].values, [10, 20, 30])
