@@ -1,0 +1,230 @@
+"""Speed of VAR-GP (issue 3, item 8): seconds per ELBO step and per epoch at Split MNIST
+settings, beside a plain sparse variational GP of the same total number of inducing points
+written with Pyro's ``pyro.contrib.gp.models.VariationalSparseGP``, measured in the same run.
+
+Settings (Kapoor et al. 2021, Sect. 5): K = 10 classes, D = 784, minibatch B = 512,
+M = 60 inducing points per task and class, t = 1..5 tasks (M_total = 60 t), S = 3 theta draws
+and S_f = 10 f draws per ELBO, Yogi. An "ELBO step" is loss + backward + optimizer step on one
+minibatch (the unit of Algorithm 1); an epoch is ``ceil(N_t / B)`` steps with N_t = 10000 (a
+Split MNIST task after the validation split), measured by running one epoch.
+
+Comparisons written to the JSON (``ratios``):
+
+* ``ar_vs_own_svgp``: VAR-GP with t tasks of M inducing points vs the same code with ONE task of
+  t * M inducing points (a plain SVGP: same likelihood, same S, same per-class inputs) — the
+  cost of the auto-regressive structure itself (target <= 2);
+* ``matched_vs_pyro_svgp``: VAR-GP with the settings of Pyro's model (one theta draw, one f
+  draw, inducing inputs shared by the classes) vs Pyro's ``VariationalSparseGP`` with
+  M_total shared inducing inputs, ``MultiClass`` likelihood and ARD RBF kernel (target <= 2);
+* ``paper_settings_vs_pyro_svgp``: VAR-GP at the paper's settings (S = 3, S_f = 10, inducing
+  inputs per class as the reference code) vs the same Pyro model — this mostly measures
+  S * K more kernel matrices, not the auto-regressive structure.
+
+Run: ``python benchmarks/vargp.py [--device cuda] [--steps 5] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+K, D, B, M_PER_TASK, N_TASK = 10, 784, 512, 60, 10_000
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _data(device: torch.device, dtype: torch.dtype, n: int) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """Real MNIST training images when available (else uniform noise of the same shape)."""
+    try:
+        from ppl_cl.data.loaders import load_mnist
+
+        x, y = load_mnist("train")
+        source = "mnist"
+    except Exception:  # MissingDataError and friends: timings do not depend on the values
+        rng = np.random.default_rng(0)
+        x = rng.random((n, D), dtype=np.float32)
+        y = rng.integers(0, K, n)
+        source = "random (MNIST not found)"
+    x = torch.as_tensor(x[:n], dtype=dtype, device=device)
+    y = torch.as_tensor(y[:n], dtype=torch.int64, device=device)
+    return x, y, source
+
+
+def _time_steps(step, device, steps: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        _sync(device)
+        t0 = time.perf_counter()
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def vargp_engine(x, y, num_tasks: int, m_per_task: int, *, num_theta_samples: int,
+                 num_f_samples: int, per_class_inputs: bool, seed: int = 0):
+    """A VAR-GP model at task ``num_tasks`` (earlier tasks frozen at their initial values)."""
+    from inference.svi import ContinualSVI, SVIConfig
+    from models.vargp import (MAX_PLATE_NESTING, HyperPosterior, SoftmaxLikelihood,
+                              VARGPModel, init_inducing_set, median_heuristic_theta,
+                              prior_conditional_scale_tril)
+
+    g = torch.Generator().manual_seed(seed)
+    theta0 = median_heuristic_theta(x[:1000], 1, generator=g)
+    past = []
+    for _ in range(num_tasks - 1):
+        s = init_inducing_set(x, K, m_per_task, per_class_inputs=per_class_inputs, generator=g)
+        s = s._replace(scale_tril=prior_conditional_scale_tril(theta0, past, s.inducing_inputs,
+                                                               K, 1e-5))
+        past.append(s)
+    init = init_inducing_set(x, K, m_per_task, per_class_inputs=per_class_inputs, generator=g)
+    init = init._replace(scale_tril=prior_conditional_scale_tril(theta0, past,
+                                                                 init.inducing_inputs, K, 1e-5))
+    hyper = HyperPosterior(theta0, 0.1 * torch.ones_like(theta0))
+    program = VARGPModel(num_classes=K, past=past, init=init, hyper_prior=hyper,
+                         hyper_init=hyper, beta=10.0, num_theta_samples=num_theta_samples,
+                         likelihood=SoftmaxLikelihood(num_f_samples), jitter=1e-5)
+    return ContinualSVI(program.model, program.guide,
+                        SVIConfig(learning_rate=3e-3, batch_size=B, max_epochs=1,
+                                  max_plate_nesting=MAX_PLATE_NESTING, seed=seed))
+
+
+def time_vargp(x, y, device, steps: int, **kwargs) -> float:
+    import pyro
+
+    engine = vargp_engine(x, y, **kwargs)
+    xb, yb = x[:B], y[:B]
+    with pyro.get_param_store().scope():
+        state = engine.init(xb, yb, num_data=N_TASK)
+
+        def step():
+            engine.step(state, xb, yb, num_data=N_TASK)
+
+        return _time_steps(step, device, steps)
+
+
+def epoch_vargp(x, y, **kwargs) -> float:
+    """Seconds for one real epoch over N_TASK rows (engine.fit, max_epochs=1)."""
+    engine = vargp_engine(x, y, **kwargs)
+    res = engine.fit((x[:N_TASK], y[:N_TASK]))
+    return res.seconds_per_epoch
+
+
+def time_pyro_svgp(x, y, device, steps: int, num_inducing: int) -> float:
+    """Pyro's VariationalSparseGP: M shared inducing inputs, K latent GPs, ARD RBF kernel,
+    MultiClass likelihood, TraceMeanField_ELBO, one particle."""
+    import pyro
+    import pyro.contrib.gp as gp
+    from pyro.infer import TraceMeanField_ELBO
+
+    from inference.yogi import Yogi
+
+    xb, yb = x[:B], y[:B]
+    g = torch.Generator().manual_seed(0)
+    Xu = x[torch.randperm(x.shape[0], generator=g)[:num_inducing].to(device)].clone()
+    with pyro.get_param_store().scope():
+        kernel = gp.kernels.RBF(input_dim=D, lengthscale=torch.full((D,), 9.0, dtype=x.dtype,
+                                                                   device=device))
+        likelihood = gp.likelihoods.MultiClass(num_classes=K)
+        model = gp.models.VariationalSparseGP(xb, yb, kernel, Xu=Xu, likelihood=likelihood,
+                                              latent_shape=torch.Size([K]), num_data=N_TASK,
+                                              whiten=False, jitter=1e-5).to(device)
+        opt = Yogi(model.parameters(), lr=3e-3)
+        elbo = TraceMeanField_ELBO()
+
+        def step():
+            opt.zero_grad()
+            loss = elbo.differentiable_loss(model.model, model.guide)
+            loss.backward()
+            opt.step()
+
+        return _time_steps(step, device, steps)
+
+
+def run(device_name: str, steps: int, tasks: list[int], epoch_tasks: list[int]) -> dict:
+    device = torch.device(device_name)
+    dtype = torch.float32
+    x, y, source = _data(device, dtype, 12_000)
+    out: dict = {"device": device_name, "data": source, "per_task": {}}
+    paper = dict(num_theta_samples=3, num_f_samples=10, per_class_inputs=True)
+    matched = dict(num_theta_samples=1, num_f_samples=1, per_class_inputs=False)
+    for t in tasks:
+        m_total = t * M_PER_TASK
+        row = {"num_inducing_total": m_total}
+        row["vargp_step_s"] = time_vargp(x, y, device, steps, num_tasks=t,
+                                         m_per_task=M_PER_TASK, **paper)
+        row["own_svgp_step_s"] = time_vargp(x, y, device, steps, num_tasks=1,
+                                            m_per_task=m_total, **paper)
+        row["vargp_matched_step_s"] = time_vargp(x, y, device, steps, num_tasks=t,
+                                                 m_per_task=M_PER_TASK, **matched)
+        row["pyro_svgp_step_s"] = time_pyro_svgp(x, y, device, steps, m_total)
+        row["ratio_ar_vs_own_svgp"] = row["vargp_step_s"] / row["own_svgp_step_s"]
+        row["ratio_matched_vs_pyro_svgp"] = row["vargp_matched_step_s"] / row["pyro_svgp_step_s"]
+        row["ratio_paper_settings_vs_pyro_svgp"] = row["vargp_step_s"] / row["pyro_svgp_step_s"]
+        row["steps_per_epoch"] = math.ceil(N_TASK / B)
+        if t in epoch_tasks:
+            row["vargp_epoch_s"] = epoch_vargp(x, y, num_tasks=t, m_per_task=M_PER_TASK, **paper)
+        print(json.dumps({device_name: row}), flush=True)
+        out["per_task"][str(t)] = row
+    last = out["per_task"][str(tasks[-1])]
+    out["ratios"] = {"ar_vs_own_svgp": last["ratio_ar_vs_own_svgp"],
+                     "matched_vs_pyro_svgp": last["ratio_matched_vs_pyro_svgp"],
+                     "paper_settings_vs_pyro_svgp": last["ratio_paper_settings_vs_pyro_svgp"],
+                     "at_num_tasks": tasks[-1], "target": 2.0}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", action="append", help="cpu / cuda (repeatable; default: cpu and "
+                    "cuda when available)")
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per measurement (median)")
+    ap.add_argument("--quick", action="store_true", help="tasks 1 and 2 only, 2 steps, no epoch")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "vargp.json"))
+    args = ap.parse_args(argv)
+    devices = args.device or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+    tasks = [1, 2] if args.quick else [1, 2, 3, 4, 5]
+    epoch_tasks = [] if args.quick else [1, 5]
+    steps = 2 if args.quick else args.steps
+    results = {"benchmark": "vargp", "settings": {
+        "num_classes": K, "input_dim": D, "batch_size": B, "inducing_per_task": M_PER_TASK,
+        "num_data_per_task": N_TASK, "paper": {"num_theta_samples": 3, "num_f_samples": 10,
+                                               "per_class_inducing_inputs": True},
+        "matched": {"num_theta_samples": 1, "num_f_samples": 1,
+                    "per_class_inducing_inputs": False}, "dtype": "float32", "steps": steps},
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+                    "cpu_count": os.cpu_count(), "load_average": list(os.getloadavg()),
+                    "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
+        "runs": {}}
+    for dev in devices:
+        results["runs"][dev] = run(dev, steps, tasks, epoch_tasks)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(REPO))
+    from ppl_cl.persist import atomic_write_text
+
+    atomic_write_text(out, json.dumps(results, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
