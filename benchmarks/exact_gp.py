@@ -21,15 +21,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _timing import best_of
 
 
-def _best_of(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def main(argv=None) -> dict:
@@ -71,10 +65,10 @@ def main(argv=None) -> dict:
             return jax.value_and_grad(f)(r)
 
         jax.block_until_ready(ours_vg(raw))  # compile outside the timing
-        t_ours = _best_of(lambda: jax.block_until_ready(ours_vg(raw)), args.repeats)
+        t_ours = best_of(lambda: jax.block_until_ready(ours_vg(raw)), args.repeats)
         kernel = sk.ConstantKernel(1.0) * sk.RBF(np.ones(args.dim)) + sk.WhiteKernel(1.0)
         gpr = GaussianProcessRegressor(kernel, alpha=0.0, optimizer=None).fit(X, y)
-        t_sk = _best_of(lambda: gpr.log_marginal_likelihood(gpr.kernel_.theta, eval_gradient=True),
+        t_sk = best_of(lambda: gpr.log_marginal_likelihood(gpr.kernel_.theta, eval_gradient=True),
                         args.repeats)
 
         # whole type-II ML fit from variance 1, lengthscales 1, noise 0.1

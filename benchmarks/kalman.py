@@ -37,20 +37,13 @@ import json
 import math
 import os
 import platform
-import time
 import warnings
 from pathlib import Path
 
 import numpy as np
+from _timing import best_of
 
 
-def _best_of(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def memory_bandwidth(n_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
@@ -58,7 +51,7 @@ def memory_bandwidth(n_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
     a = np.ones(n_bytes // 4, dtype=np.float32)
     b = np.empty_like(a)
     np.copyto(b, a)
-    t = _best_of(lambda: np.copyto(b, a), repeats)
+    t = best_of(lambda: np.copyto(b, a), repeats)
     return 2.0 * a.nbytes / t
 
 
@@ -166,7 +159,7 @@ def main(argv=None) -> dict:
         compiled = fn.lower(key, state, X, Y, params, options, **kw).compile()
         run = lambda: jax.block_until_ready(compiled(key, state, X, Y, params))  # noqa: E731
         run()
-        return _best_of(run, args.repeats)
+        return best_of(run, args.repeats)
 
     def block_for(m: int) -> int:
         return args.block_size or kf.default_block_size(m)
@@ -213,7 +206,7 @@ def main(argv=None) -> dict:
                 T = Y[:n_np, None].astype(args.dtype) if K == 1 else \
                     np.eye(K, dtype=args.dtype)[Y[:n_np]]
                 noise = 1.0 if K == 1 else 1.0 / K
-                t = _best_of(lambda: numpy_filter(A0, M0, X[:n_np], T, gamma, s_w2, noise),
+                t = best_of(lambda: numpy_filter(A0, M0, X[:n_np], T, gamma, s_w2, noise),
                              args.repeats)
                 record("numpy-per-point", task, m, K, n_np, t)
                 if K != 1:
@@ -239,7 +232,7 @@ def main(argv=None) -> dict:
                         run = lambda: jax.block_until_ready(  # noqa: E731
                             compiled(dparams, Yp[:, None]).filtered_means)
                         run()
-                        t = _best_of(run, args.repeats)
+                        t = best_of(run, args.repeats)
                 else:
                     gen = jax.jit(_generic_m3_filter(jnp, jax))
                     a = (gamma * eye, (1 - gamma**2) * s_w2 * eye, Xp, jnp.asarray(1.0, dtype),
@@ -247,7 +240,7 @@ def main(argv=None) -> dict:
                     compiled = gen.lower(*a).compile()
                     run = lambda: jax.block_until_ready(compiled(*a))  # noqa: E731
                     run()
-                    t = _best_of(run, args.repeats)
+                    t = best_of(run, args.repeats)
                 record(peer, task, m, 1, n_pe, t)
 
     def pps(method_prefix, task, m, K, learned=False):

@@ -79,3 +79,16 @@ def tmp_data_root(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(root, "_EXPLICIT_DIR", None)
     return tmp_path
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op torch thread for a module of tiny problems: avoids OpenMP oversubscription
+    slowdowns (20x measured on a loaded 2-core machine); the caller's setting is restored.
+    Use with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -25,14 +25,7 @@ DT = torch.float64
 K_SE = 5.0  # standard errors allowed for Monte Carlo comparisons
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These problems are tiny: one intra-op thread avoids OpenMP oversubscription slowdowns
-    (20x measured on a loaded 2-core machine); the caller's setting is restored."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _random_set(K, M, D, *, shift=0.0, gen=None, Kz=None) -> InducingSet:

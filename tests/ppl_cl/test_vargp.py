@@ -20,14 +20,7 @@ SMALL = dict(inducing_per_task=5, batch_size=40, max_epochs=12, patience=4,
              dtype="float64")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These problems are tiny: one intra-op thread avoids OpenMP oversubscription slowdowns
-    (20x measured on a loaded 2-core machine); the caller's setting is restored."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
