@@ -65,7 +65,7 @@ from models.vargp_math import (HyperPosterior, InducingSet, concat_inducing_inpu
 
 __all__ = ["VARGPModel", "SoftmaxLikelihood", "GaussianLikelihood", "GUIDES",
            "HYPERPARAMETER_MODES", "init_inducing_set", "standard_hyper_prior",
-           "predictive_probabilities", "f_marginals_of_state", "prior_conditional_scale_tril",
+           "predictive_probabilities", "f_marginals_of_state", "posterior_factors", "prior_conditional_scale_tril",
            "median_heuristic_theta",
            "InducingSet", "HyperPosterior"]
 
@@ -450,16 +450,28 @@ def _theta_draws(hyper: HyperPosterior | Tensor, num_samples: int,
     return hyper.loc + hyper.scale * eps
 
 
+def posterior_factors(theta: Tensor, sets: Sequence[InducingSet], *,
+                      guide: str = "autoregressive", jitter: float = 1e-6
+                      ) -> tuple[Tensor, Tensor, Tensor, list]:
+    """Everything q(u_<=t | theta) needs at given theta draws ``(S, 1, H, D+1)``: the stacked
+    inducing inputs ``Z``, ``L = chol(K_ZZ)`` and the whitened mean and factors of the joint
+    (eq. 22; see :func:`models.vargp_math.whitened_posterior`) for the guide structure (the
+    global guide has the auto-regressive form with a single set)."""
+    sets = list(sets)
+    Z = concat_inducing_inputs(sets)
+    L = prior_cholesky(theta, Z, jitter)
+    structure = "block_diagonal" if guide == "block_diagonal" else "autoregressive"
+    v_bar, factors = whitened_posterior(L, sets, structure)
+    return Z, L, v_bar, factors
+
+
 def f_marginals_of_state(inputs: Tensor, sets: Sequence[InducingSet], theta: Tensor, *,
                          guide: str = "autoregressive", jitter: float = 1e-6
                          ) -> tuple[Tensor, Tensor]:
     """``q(f(x) | theta)`` at ``inputs (B, D)`` for given theta draws ``(S, 1, H, D+1)``:
     ``f_loc, f_var (S, 1, K, B)``."""
-    x, sets = inputs, list(sets)
-    L = prior_cholesky(theta, concat_inducing_inputs(sets), jitter)
-    structure = "block_diagonal" if guide == "block_diagonal" else "autoregressive"
-    v_bar, factors = whitened_posterior(L, sets, structure)
-    return f_marginals(theta, x, concat_inducing_inputs(sets), L, v_bar, factors)
+    Z, L, v_bar, factors = posterior_factors(theta, sets, guide=guide, jitter=jitter)
+    return f_marginals(theta, inputs, Z, L, v_bar, factors)
 
 
 @torch.no_grad()
@@ -487,10 +499,7 @@ def predictive_probabilities(inputs: Tensor, sets: Sequence[InducingSet],
     S = theta.shape[0]
     K = sets[-1].mean.shape[0]
     M = sum(s.num_inducing for s in sets)
-    Z = concat_inducing_inputs(sets)
-    L = prior_cholesky(theta, Z, jitter)
-    structure = "block_diagonal" if guide == "block_diagonal" else "autoregressive"
-    v_bar, factors = whitened_posterior(L, sets, structure)
+    Z, L, v_bar, factors = posterior_factors(theta, sets, guide=guide, jitter=jitter)
     chunk = max(1, max_elements // max(1, S * K * M))
     out = []
     for start in range(0, x.shape[0], chunk):

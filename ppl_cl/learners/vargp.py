@@ -22,10 +22,9 @@ import torch
 from inference.svi import ContinualSVI, SVIConfig
 from models.vargp import (GUIDES, HYPERPARAMETER_MODES, MAX_PLATE_NESTING, HyperPosterior,
                           InducingSet, SoftmaxLikelihood, VARGPModel, init_inducing_set,
-                          median_heuristic_theta, predictive_probabilities, prior_conditional_scale_tril,
-                          standard_hyper_prior)
-from models.vargp_math import (concat_inducing_inputs, f_marginals, prior_cholesky, task_slices,
-                               whitened_posterior)
+                          median_heuristic_theta, posterior_factors, predictive_probabilities,
+                          prior_conditional_scale_tril, standard_hyper_prior)
+from models.vargp_math import concat_inducing_inputs, f_marginals, task_slices
 from ppl_cl.batch import Batch, as_numpy
 from ppl_cl.learner import Learner
 from ppl_cl.predictive import CategoricalPredictive
@@ -361,11 +360,10 @@ class VARGP(Learner):
         K = self.num_classes
         chunk = max(1, max_elements // max(1, K * M * M))
         u_draws, loglik = [], []
-        structure = "block_diagonal" if c["guide"] == "block_diagonal" else "autoregressive"
         for start in range(0, num_draws, chunk):
             th = theta[start:start + chunk]
-            L = prior_cholesky(th, Z, self.jitter)
-            v_bar, factors = whitened_posterior(L, sets, structure)
+            _, L, v_bar, factors = posterior_factors(th, sets, guide=c["guide"],
+                                                     jitter=self.jitter)
             v = v_bar.clone()
             for rows, R in factors:
                 e = torch.randn((*v_bar.shape[:-1], R.shape[-1], 1), generator=gen,
