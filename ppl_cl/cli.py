@@ -2,7 +2,7 @@
 
     ppl-cl list
     ppl-cl run NAME [--quick] [--seed N] [--device cpu|cuda] [--out DIR] [--set key=value ...]
-    ppl-cl reproduce [--quick] [--out DIR] [--only NAME ...]
+    ppl-cl reproduce [--quick] [--out DIR] [--only NAME ...] [--seeds N ...] [--set key=value ...]
     ppl-cl data list [--no-checksum]
     ppl-cl data path NAME
 
@@ -56,8 +56,9 @@ def _cmd_run(args) -> int:
 def _cmd_reproduce(args) -> int:
     from ppl_cl.experiments.reproduce import reproduce
 
-    res = reproduce(args.out, quick=args.quick, seed=args.seed, device=args.device,
-                    only=args.only, data_dir=args.data_dir, show_progress=args.progress)
+    res = reproduce(args.out, quick=args.quick, seed=args.seed, seeds=args.seeds,
+                    device=args.device, only=args.only, overrides=_parse_sets(args.set),
+                    data_dir=args.data_dir, show_progress=args.progress)
     with open(f"{args.out}/report.md") as fh:
         print(fh.read())
     for name, r in res["results"].items():
@@ -109,7 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("reproduce", parents=[common], help="run the headline experiments")
     run_opts(rp)
     rp.add_argument("--out", default="runs/reproduce")
-    rp.add_argument("--only", nargs="+", default=None, help="only these experiments")
+    rp.add_argument("--only", nargs="+", default=None,
+                    help="only these experiments (headline or not)")
+    rp.add_argument("--seeds", nargs="+", type=int, default=None,
+                    help="run every experiment once per seed; the report gives mean ± std")
+    rp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="config override applied to every experiment (use with --only)")
 
     d = sub.add_parser("data", parents=[common], help="datasets: where they are, checksums")
     dsub = d.add_subparsers(dest="data_cmd", required=True)

@@ -1,46 +1,95 @@
 """``ppl-cl reproduce``: run the headline experiments and set our numbers beside the papers'.
 
 The paper numbers live with each experiment's registration (``paper={summary_key:
-PaperNumber(...)}``), each with its citation. A headline experiment whose data is missing is
-reported as *not run* with the missing file named (it is not an error: the quick reproduction
-must work on a machine with no datasets); any other exception is reported and makes the command
-exit non-zero.
+PaperNumber(...)}``), each with its citation. With several ``seeds`` every experiment runs once
+per seed (``out/<name>/seed<s>/``) and the report gives ``mean ± std (n = seeds)`` of each
+numeric summary value (std with ddof = 1), as the papers report theirs. A headline experiment
+whose data is missing is reported as *not run* with the missing file named (it is not an error:
+the quick reproduction must work on a machine with no datasets); any other exception is
+reported and makes the command exit non-zero.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import traceback
 from pathlib import Path
+from typing import Any, Sequence
 
 from ppl_cl.data.root import MissingDataError
 from ppl_cl.experiments.base import registry, run_experiment
 from ppl_cl.persist import atomic_write_text
 
-__all__ = ["reproduce"]
+__all__ = ["reproduce", "aggregate_summaries"]
 
 
 def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
+    if isinstance(v, dict) and "mean" in v:
+        if v["n"] < 2:
+            return _fmt(v["mean"])
+        return f"{v['mean']:.4g} ± {v['std']:.2g} (n = {v['n']})"
     return str(v)
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def aggregate_summaries(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per key: ``{"mean", "std", "n", "values"}`` over the runs for numbers (std with
+    ddof = 1, 0 for one run), the common value otherwise (the first run's when they differ)."""
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(k for s in summaries for k in s):
+        values = [s[key] for s in summaries if key in s]
+        if values and all(_is_number(v) for v in values):
+            n = len(values)
+            mean = sum(values) / n
+            std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+            out[key] = {"mean": mean, "std": std, "n": n, "values": values}
+        else:
+            out[key] = values[0]
+    return out
+
+
 def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: int = 0,
-              device: str = "cpu", only: list[str] | None = None, data_dir: str | None = None,
-              show_progress: bool | None = None) -> dict:
-    """Run every headline experiment (or ``only`` those) into ``out/<name>/``; write
-    ``out/report.md`` and ``out/reproduce.json``. Returns ``{"results": ..., "failed": [...]}``."""
+              seeds: Sequence[int] | None = None, device: str = "cpu",
+              only: list[str] | None = None, overrides: dict[str, str] | None = None,
+              data_dir: str | None = None, show_progress: bool | None = None) -> dict:
+    """Run every headline experiment (or ``only`` those) into ``out/<name>/`` (one folder per
+    seed when ``seeds`` has several); write ``out/report.md`` and ``out/reproduce.json``.
+
+    Args:
+        seeds: the seeds to run (default ``[seed]``).
+        overrides: ``--set`` config overrides applied to every experiment run.
+
+    Returns:
+        ``{"results": ..., "failed": [...]}``; with several seeds each ok result carries
+        ``summary`` (the aggregate of :func:`aggregate_summaries`) and ``per_seed``.
+    """
     out = Path(out)
-    specs = [s for s in registry().values() if s.headline and (not only or s.name in only)]
+    seeds = list(seeds) if seeds else [seed]
+    specs = [s for s in registry().values() if s.headline or (only and s.name in only)]
+    specs = [s for s in specs if not only or s.name in only]
     results, failed = {}, []
     for spec in sorted(specs, key=lambda s: s.name):
         try:
-            metrics = run_experiment(spec.name, quick=quick, seed=seed, device=device,
-                                     out=out / spec.name, data_dir=data_dir,
-                                     show_progress=show_progress)
-            results[spec.name] = {"status": "ok", "summary": metrics["summary"],
-                                  "wall_time_s": metrics["wall_time_s"]}
+            runs = [run_experiment(spec.name, quick=quick, seed=s, device=device,
+                                   out=out / spec.name if len(seeds) == 1
+                                   else out / spec.name / f"seed{s}",
+                                   overrides=overrides, data_dir=data_dir,
+                                   show_progress=show_progress) for s in seeds]
+            if len(runs) == 1:
+                results[spec.name] = {"status": "ok", "summary": runs[0]["summary"],
+                                      "wall_time_s": runs[0]["wall_time_s"]}
+            else:
+                results[spec.name] = {
+                    "status": "ok", "seeds": seeds,
+                    "summary": aggregate_summaries([r["summary"] for r in runs]),
+                    "per_seed": [r["summary"] for r in runs],
+                    "wall_time_s": sum(r["wall_time_s"] for r in runs)}
         except MissingDataError as err:
             results[spec.name] = {"status": "missing data", "error": str(err)}
         except Exception as err:  # report, keep going, fail at the end
@@ -48,10 +97,15 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
             results[spec.name] = {"status": "error", "error": f"{type(err).__name__}: {err}",
                                   "traceback": traceback.format_exc()}
 
-    lines = [f"# ppl_cl reproduction report ({'quick' if quick else 'full'} sizes, seed {seed})",
-             "", "Numbers measured by this run, beside the papers' (source cited per row). Quick",
-             "sizes are smaller than the papers' settings: compare orders, not digits.", "",
-             "| experiment | metric | ours | paper | source |", "|---|---|---|---|---|"]
+    size = "quick" if quick else "full"
+    seed_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
+    lines = [f"# ppl_cl reproduction report ({size} sizes, {seed_text})", "",
+             "Numbers measured by this run, beside the papers' (source cited per row). Quick",
+             "sizes are smaller than the papers' settings: compare orders, not digits."]
+    if overrides:
+        lines.append("Config overrides: " + ", ".join(f"`{k}={v}`" for k, v in overrides.items())
+                     + ".")
+    lines += ["", "| experiment | metric | ours | paper | source |", "|---|---|---|---|---|"]
     for spec in sorted(specs, key=lambda s: s.name):
         res = results[spec.name]
         if res["status"] != "ok":

@@ -97,3 +97,35 @@ def test_device_errors_are_clear(capsys, tmp_path):
         assert main(["run", "exact-gp-synthetic", "--quick", "--device", "cuda",
                      "--out", str(tmp_path)]) == 2
         assert "--device cuda" in capsys.readouterr().err
+
+
+def test_aggregate_summaries_mean_and_sample_std():
+    from ppl_cl.experiments.reproduce import aggregate_summaries
+
+    agg = aggregate_summaries([{"acc": 90.0, "note": "x", "n": 5},
+                               {"acc": 92.0, "note": "x", "n": 5},
+                               {"acc": 94.0, "note": "y", "n": 5}])
+    assert agg["acc"]["mean"] == pytest.approx(92.0)
+    assert agg["acc"]["std"] == pytest.approx(2.0)       # ddof = 1: sqrt((4 + 0 + 4) / 2)
+    assert agg["acc"]["n"] == 3 and agg["acc"]["values"] == [90.0, 92.0, 94.0]
+    assert agg["n"]["std"] == 0.0
+    assert agg["note"] == "x"
+
+
+def test_reproduce_several_seeds_reports_mean_and_std(tmp_data_root, tmp_path):
+    out = tmp_path / "rep"
+    code = main(["reproduce", "--quick", "--out", str(out), "--only", "exact-gp-synthetic",
+                 "--seeds", "0", "1", "--set", "n_batches=4"])
+    assert code == 0
+    results = json.loads((out / "reproduce.json").read_text())["exact-gp-synthetic"]
+    assert results["seeds"] == [0, 1]
+    per_seed = [s["rmse_batch4"] for s in results["per_seed"]]
+    assert per_seed[0] != per_seed[1]                    # the seeds draw different data
+    for s in (0, 1):
+        metrics = json.loads((out / "exact-gp-synthetic" / f"seed{s}" / "metrics.json").read_text())
+        assert metrics["summary"]["rmse_batch4"] == pytest.approx(per_seed[s])
+    mean = sum(per_seed) / 2
+    assert results["summary"]["rmse_batch4"]["mean"] == pytest.approx(mean)
+    report = (out / "report.md").read_text()
+    assert "seeds 0, 1" in report and "`n_batches=4`" in report
+    assert f"| exact-gp-synthetic | rmse_batch4 | {mean:.4g} ± " in report and "(n = 2)" in report
