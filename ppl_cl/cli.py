@@ -3,6 +3,7 @@
     ppl-cl list
     ppl-cl run NAME [--quick] [--seed N] [--device cpu|cuda] [--out DIR] [--set key=value ...]
     ppl-cl reproduce [--quick] [--out DIR] [--only NAME ...] [--seeds N ...] [--set key=value ...]
+    ppl-cl report RUN_DIR [RUN_DIR ...] [--out DIR]
     ppl-cl data list [--no-checksum]
     ppl-cl data path NAME
 
@@ -67,6 +68,19 @@ def _cmd_reproduce(args) -> int:
     return 1 if res["failed"] else 0
 
 
+def _cmd_report(args) -> int:
+    from ppl_cl.experiments.reproduce import collect
+
+    try:
+        collect(args.run_dirs, args.out)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"ppl-cl: {err}", file=sys.stderr)
+        return 2
+    with open(f"{args.out}/report.md") as fh:
+        print(fh.read())
+    return 0
+
+
 def _cmd_data(args) -> int:
     from ppl_cl.data.root import DATASETS, data_roots, dataset_status, locate
 
@@ -117,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="config override applied to every experiment (use with --only)")
 
+    rr = sub.add_parser("report", parents=[common],
+                        help="the reproduce table from finished run folders (mean ± std)")
+    rr.add_argument("run_dirs", nargs="+", help="folders written by `ppl-cl run`")
+    rr.add_argument("--out", default="runs/report")
+
     d = sub.add_parser("data", parents=[common], help="datasets: where they are, checksums")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
     dl = dsub.add_parser("list", parents=[common])
@@ -128,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"list": _cmd_list, "run": _cmd_run, "reproduce": _cmd_reproduce, "data": _cmd_data}
+    handlers = {"list": _cmd_list, "run": _cmd_run, "reproduce": _cmd_reproduce,
+                "report": _cmd_report, "data": _cmd_data}
     try:
         return handlers[args.cmd](args)
     except Exception as err:  # user-facing errors: one line, non-zero exit

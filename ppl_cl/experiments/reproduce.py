@@ -7,6 +7,10 @@ numeric summary value (std with ddof = 1), as the papers report theirs. A headli
 whose data is missing is reported as *not run* with the missing file named (it is not an error:
 the quick reproduction must work on a machine with no datasets); any other exception is
 reported and makes the command exit non-zero.
+
+``ppl-cl report RUN_DIR ...`` (:func:`collect`) builds the same table from run folders that
+already exist (``ppl-cl run`` on several machines, one seed per job): runs of the same
+experiment, size and ``--set`` overrides are aggregated over their seeds.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from ppl_cl.data.root import MissingDataError
 from ppl_cl.experiments.base import registry, run_experiment
 from ppl_cl.persist import atomic_write_text
 
-__all__ = ["reproduce", "aggregate_summaries"]
+__all__ = ["reproduce", "aggregate_summaries", "collect"]
 
 
 def _fmt(v) -> str:
@@ -52,6 +56,22 @@ def aggregate_summaries(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
         else:
             out[key] = values[0]
     return out
+
+
+_HEADER = "| experiment | metric | ours | paper | source |"
+_RULE = "|---|---|---|---|---|"
+
+
+def _rows(name: str, paper: dict, summary: dict[str, Any], label: str | None = None) -> list[str]:
+    """Table rows: the keys with a paper number first, then the rest of the summary."""
+    lines = []
+    for key in list(paper) + [k for k in summary if k not in paper]:
+        ours = summary.get(key, "—")
+        ref = paper.get(key)
+        src = (ref.source + (f"; {ref.note}" if ref.note else "")) if ref else ""
+        lines.append(f"| {label or name} | {key} | {_fmt(ours)} | "
+                     f"{ref.format() if ref else '—'} | {src} |")
+    return lines
 
 
 def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: int = 0,
@@ -105,20 +125,63 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
     if overrides:
         lines.append("Config overrides: " + ", ".join(f"`{k}={v}`" for k, v in overrides.items())
                      + ".")
-    lines += ["", "| experiment | metric | ours | paper | source |", "|---|---|---|---|---|"]
+    lines += ["", _HEADER, _RULE]
     for spec in sorted(specs, key=lambda s: s.name):
         res = results[spec.name]
         if res["status"] != "ok":
             lines.append(f"| {spec.name} | — | not run ({res['status']}) | — | "
                          f"{res['error'].splitlines()[0][:200]} |")
             continue
-        keys = list(spec.paper) + [k for k in res["summary"] if k not in spec.paper]
-        for key in keys:
-            ours = res["summary"].get(key, "—")
-            paper = spec.paper.get(key)
-            src = (paper.source + (f"; {paper.note}" if paper.note else "")) if paper else ""
-            lines.append(f"| {spec.name} | {key} | {_fmt(ours)} | "
-                         f"{paper.format() if paper else '—'} | {src} |")
+        lines += _rows(spec.name, spec.paper, res["summary"])
     atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
     atomic_write_text(out / "reproduce.json", json.dumps(results, indent=2, default=str))
     return {"results": results, "failed": failed}
+
+
+def collect(run_dirs: Sequence[str | Path], out: str | Path) -> dict:
+    """Aggregate existing run folders (each with ``metrics.json`` and ``config.json``, as
+    ``ppl-cl run`` writes them) into ``out/report.md`` and ``out/reproduce.json``.
+
+    Runs are grouped by (experiment, quick, overrides); each group reports mean ± std over its
+    seeds beside the paper numbers. Raises ``FileNotFoundError`` for a folder without
+    ``metrics.json`` (an unfinished run) and ``ValueError`` for a seed given twice in a group.
+    """
+    reg = registry()
+    groups: dict[tuple, list[dict]] = {}
+    for d in map(Path, run_dirs):
+        if not (d / "metrics.json").is_file() or not (d / "config.json").is_file():
+            raise FileNotFoundError(f"{d}: no metrics.json / config.json (not a finished run)")
+        metrics = json.loads((d / "metrics.json").read_text())
+        config = json.loads((d / "config.json").read_text())
+        key = (metrics["experiment"], bool(metrics["quick"]),
+               json.dumps(config.get("overrides") or {}, sort_keys=True))
+        groups.setdefault(key, []).append({"dir": str(d), "seed": metrics["seed"],
+                                           "summary": metrics["summary"],
+                                           "wall_time_s": metrics.get("wall_time_s")})
+    out = Path(out)
+    results: dict[str, Any] = {}
+    lines = ["# ppl_cl reproduction report (collected runs)", "",
+             "Numbers measured by the listed runs (mean ± std over seeds, std with ddof = 1),",
+             "beside the papers' (source cited per row). Settings per group below; runs with",
+             "overrides differ from the papers' settings as stated.", ""]
+    table = [_HEADER, _RULE]
+    for i, ((name, quick, overrides), runs) in enumerate(sorted(groups.items()), start=1):
+        seeds = [r["seed"] for r in runs]
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"{name}: seed given twice in {[r['dir'] for r in runs]}")
+        runs.sort(key=lambda r: r["seed"])
+        summary = aggregate_summaries([r["summary"] for r in runs])
+        label = f"{name} [{i}]"
+        ov = json.loads(overrides)
+        lines.append(f"[{i}] {name}: {'quick' if quick else 'full'} sizes, seeds "
+                     f"{', '.join(str(r['seed']) for r in runs)}"
+                     + (", overrides " + ", ".join(f"`{k}={v}`" for k, v in ov.items())
+                        if ov else ", no overrides") + ".")
+        spec = reg.get(name)
+        table += _rows(name, spec.paper if spec else {}, summary, label=label)
+        results[label] = {"experiment": name, "quick": quick, "overrides": ov,
+                          "seeds": [r["seed"] for r in runs], "runs": [r["dir"] for r in runs],
+                          "summary": summary, "per_seed": [r["summary"] for r in runs]}
+    atomic_write_text(out / "report.md", "\n".join(lines + [""] + table) + "\n")
+    atomic_write_text(out / "reproduce.json", json.dumps(results, indent=2, default=str))
+    return results

@@ -129,3 +129,32 @@ def test_reproduce_several_seeds_reports_mean_and_std(tmp_data_root, tmp_path):
     report = (out / "report.md").read_text()
     assert "seeds 0, 1" in report and "`n_batches=4`" in report
     assert f"| exact-gp-synthetic | rmse_batch4 | {mean:.4g} ± " in report and "(n = 2)" in report
+
+
+def test_report_collects_finished_runs(tmp_data_root, tmp_path, capsys):
+    """`ppl-cl report` aggregates folders written by `ppl-cl run` (one seed per job)."""
+    dirs = []
+    for s in (0, 1):
+        d = tmp_path / f"s{s}"
+        assert main(["run", "exact-gp-synthetic", "--quick", "--seed", str(s), "--out", str(d),
+                     "--set", "n_batches=4"]) == 0
+        dirs.append(str(d))
+    capsys.readouterr()
+    out = tmp_path / "rep"
+    assert main(["report", *dirs, "--out", str(out)]) == 0
+    per_seed = [json.loads((tmp_path / f"s{s}" / "metrics.json").read_text())["summary"]
+                ["rmse_batch4"] for s in (0, 1)]
+    results = json.loads((out / "reproduce.json").read_text())
+    (group,) = results.values()
+    assert group["seeds"] == [0, 1] and group["overrides"] == {"n_batches": "4"}
+    assert group["summary"]["rmse_batch4"]["mean"] == pytest.approx(sum(per_seed) / 2)
+    report = capsys.readouterr().out
+    assert "seeds 0, 1" in report and "`n_batches=4`" in report and "(n = 2)" in report
+    # the paper column comes from the registration
+    assert "| exact-gp-synthetic [1] | rmse_batch1 |" in report and "Pescador-Barrios" in report
+    # an unfinished run and a seed given twice are clear errors
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty"), "--out", str(out)]) == 2
+    assert "not a finished run" in capsys.readouterr().err
+    assert main(["report", dirs[0], dirs[0], "--out", str(out)]) == 2
+    assert "seed given twice" in capsys.readouterr().err
