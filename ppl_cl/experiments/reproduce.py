@@ -62,6 +62,10 @@ _HEADER = "| experiment | metric | ours | paper | source |"
 _RULE = "|---|---|---|---|---|"
 
 
+def _overrides_text(overrides: dict[str, Any]) -> str:
+    return ", ".join(f"`{k}={v}`" for k, v in overrides.items())
+
+
 def _rows(name: str, paper: dict, summary: dict[str, Any], label: str | None = None) -> list[str]:
     """Table rows: the keys with a paper number first, then the rest of the summary."""
     lines = []
@@ -123,8 +127,7 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
              "Numbers measured by this run, beside the papers' (source cited per row). Quick",
              "sizes are smaller than the papers' settings: compare orders, not digits."]
     if overrides:
-        lines.append("Config overrides: " + ", ".join(f"`{k}={v}`" for k, v in overrides.items())
-                     + ".")
+        lines.append(f"Config overrides: {_overrides_text(overrides)}.")
     lines += ["", _HEADER, _RULE]
     for spec in sorted(specs, key=lambda s: s.name):
         res = results[spec.name]
@@ -156,8 +159,7 @@ def collect(run_dirs: Sequence[str | Path], out: str | Path) -> dict:
         key = (metrics["experiment"], bool(metrics["quick"]),
                json.dumps(config.get("overrides") or {}, sort_keys=True))
         groups.setdefault(key, []).append({"dir": str(d), "seed": metrics["seed"],
-                                           "summary": metrics["summary"],
-                                           "wall_time_s": metrics.get("wall_time_s")})
+                                           "summary": metrics["summary"]})
     out = Path(out)
     results: dict[str, Any] = {}
     lines = ["# ppl_cl reproduction report (collected runs)", "",
@@ -166,22 +168,21 @@ def collect(run_dirs: Sequence[str | Path], out: str | Path) -> dict:
              "overrides differ from the papers' settings as stated.", ""]
     table = [_HEADER, _RULE]
     for i, ((name, quick, overrides), runs) in enumerate(sorted(groups.items()), start=1):
+        runs.sort(key=lambda r: r["seed"])
         seeds = [r["seed"] for r in runs]
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"{name}: seed given twice in {[r['dir'] for r in runs]}")
-        runs.sort(key=lambda r: r["seed"])
         summary = aggregate_summaries([r["summary"] for r in runs])
         label = f"{name} [{i}]"
         ov = json.loads(overrides)
         lines.append(f"[{i}] {name}: {'quick' if quick else 'full'} sizes, seeds "
-                     f"{', '.join(str(r['seed']) for r in runs)}"
-                     + (", overrides " + ", ".join(f"`{k}={v}`" for k, v in ov.items())
-                        if ov else ", no overrides") + ".")
+                     f"{', '.join(map(str, seeds))}, "
+                     + (f"overrides {_overrides_text(ov)}" if ov else "no overrides") + ".")
         spec = reg.get(name)
         table += _rows(name, spec.paper if spec else {}, summary, label=label)
-        results[label] = {"experiment": name, "quick": quick, "overrides": ov,
-                          "seeds": [r["seed"] for r in runs], "runs": [r["dir"] for r in runs],
-                          "summary": summary, "per_seed": [r["summary"] for r in runs]}
+        results[label] = {"experiment": name, "quick": quick, "overrides": ov, "seeds": seeds,
+                          "runs": [r["dir"] for r in runs], "summary": summary,
+                          "per_seed": [r["summary"] for r in runs]}
     atomic_write_text(out / "report.md", "\n".join(lines + [""] + table) + "\n")
     atomic_write_text(out / "reproduce.json", json.dumps(results, indent=2, default=str))
     return results
