@@ -86,6 +86,7 @@ class StreamConfig:
     ablation_max_epochs: int = 0
     per_class_inducing_inputs: bool = True
     theta_init: str = "median"
+    theta_init_scale: float = 0.1
     dtype: str = "float32"
     posterior_draws: int = 100
 
@@ -148,7 +149,8 @@ def _learner_kwargs(config: StreamConfig, ctx: RunContext, variant: str) -> dict
                 num_theta_samples=config.num_theta_samples, num_f_samples=config.num_f_samples,
                 num_predict_samples=config.num_predict_samples,
                 per_class_inducing_inputs=config.per_class_inducing_inputs,
-                theta_init=config.theta_init, dtype=config.dtype, seed=ctx.seed,
+                theta_init=config.theta_init, theta_init_scale=config.theta_init_scale,
+                dtype=config.dtype, seed=ctx.seed,
                 device=ctx.device, progress=ctx.show_progress, **VARIANTS[variant])
 
 
@@ -264,6 +266,34 @@ def _curves_figure(ctx: RunContext, results: dict[str, dict], title: str, name: 
     ctx.savefig(fig, name)
 
 
+def _theta_figure(ctx: RunContext, results: dict[str, dict], title: str, name: str) -> None:
+    """Where theta ends after each task, per variant (Sect. 5.3: point-estimated hyperparameters
+    "stuck in a local minimum"): log signal variance and the median and range of the
+    log-lengthscales of the mean of q_t(theta) (or of the point theta)."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for key, res in results.items():
+        recs = res["records"]
+        t = np.arange(1, len(recs) + 1)
+        label = _LABELS.get(key, key)
+        line, = axes[0].plot(t, [r["theta_log_lengthscale_median"] for r in recs], marker="o",
+                             label=label)
+        axes[0].fill_between(t, [r["theta_log_lengthscale_min"] for r in recs],
+                             [r["theta_log_lengthscale_max"] for r in recs],
+                             color=line.get_color(), alpha=0.12)
+        axes[1].plot(t, [r["theta_log_variance"] for r in recs], marker="o", label=label)
+    axes[0].set_ylabel("log lengthscale: median (band: min..max)")
+    axes[1].set_ylabel("log signal variance")
+    for ax in axes:
+        ax.set_xlabel("task")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    ctx.savefig(fig, name)
+
+
 def _accuracy_figure(ctx: RunContext, R: np.ndarray, title: str, name: str) -> None:
     import matplotlib.pyplot as plt
 
@@ -306,6 +336,7 @@ def _stream_experiment(config: StreamConfig, ctx: RunContext, tasks, valids, num
     if image_side is not None:
         _inducing_figure(ctx, learner, image_side, groups, "inducing_points")
     _curves_figure(ctx, results, f"{title}: VAR-GP and ablations (Fig. 6)", "ablations")
+    _theta_figure(ctx, results, f"{title}: hyperparameters after each task", "hyperparameters")
 
     summary: dict[str, Any] = {"final_avg_accuracy": main["final_avg_accuracy"],
                                "final_forgetting": main["forgetting"]}

@@ -261,6 +261,7 @@ class VARGP(Learner):
                   "seconds_per_epoch": result.seconds_per_epoch,
                   "epoch_losses": list(result.epoch_losses),
                   "validation": [v for _, v in result.validation]}
+        record.update(_theta_summary(new_hyper))
         self.history.append(record)
         return record
 
@@ -401,3 +402,19 @@ class VARGP(Learner):
                                 attrs={"learner": "vargp", "guide": c["guide"],
                                        "hyperparameters": c["hyperparameters"],
                                        "num_tasks": self.num_updates})
+
+
+def _theta_summary(hyper: HyperPosterior | torch.Tensor) -> dict[str, float]:
+    """Where the (mean of the) log-hyperparameters ended after a task, for the trajectory of
+    theta over tasks (Sect. 5.3: MLE hyperparameters "stuck in a local minimum"):
+    ``log_variance`` and the median / min / max of the ``D`` log-lengthscales, over the
+    hyperparameter sets; ``theta_scale_median``: median std of q_t(theta) (0 for point theta)."""
+    loc = hyper if isinstance(hyper, torch.Tensor) else hyper.loc
+    loc = loc.detach().to("cpu", torch.float64)
+    log_l = loc[..., 1:]
+    scale = 0.0 if isinstance(hyper, torch.Tensor) else float(hyper.scale.detach().median())
+    return {"theta_log_variance": float(loc[..., 0].mean()),
+            "theta_log_lengthscale_median": float(log_l.median()),
+            "theta_log_lengthscale_min": float(log_l.min()),
+            "theta_log_lengthscale_max": float(log_l.max()),
+            "theta_scale_median": scale}

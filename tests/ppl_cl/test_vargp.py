@@ -91,6 +91,13 @@ def test_protocol_update_predict_and_registry(blobs):
     assert learner.history[-1]["epochs"] == SMALL["max_epochs"]
     # old tasks were frozen: task 1's inducing set is bitwise the one trained on task 1
     assert learner.history[0]["task"] == 1
+    # each record says where theta (the mean of q_t(theta)) ended after the task
+    log_l = learner.hyper.loc[0, 1:]
+    last = learner.history[-1]
+    assert last["theta_log_variance"] == pytest.approx(float(learner.hyper.loc[0, 0]))
+    assert last["theta_log_lengthscale_min"] == pytest.approx(float(log_l.min()))
+    assert last["theta_log_lengthscale_max"] == pytest.approx(float(log_l.max()))
+    assert last["theta_scale_median"] == pytest.approx(float(learner.hyper.scale.median()))
 
 
 def test_learns_the_toy_tasks(blobs):
@@ -125,6 +132,10 @@ def test_ablation_options_run(blobs, options):
         assert len(learner.tasks) == 2
     if options.get("hyperparameters") == "point":
         assert isinstance(learner.hyper, torch.Tensor)
+        last = learner.history[-1]
+        assert last["theta_scale_median"] == 0.0
+        assert last["theta_log_lengthscale_median"] == pytest.approx(
+            float(learner.hyper[0, 1:].median()))
     if options.get("per_class_hyperparameters"):
         assert learner.hyper.loc.shape == (4, 3)
         assert learner.tasks[0].inducing_inputs.shape == (1, 5, 2)
@@ -317,7 +328,8 @@ def test_split_digits_quick_run_writes_its_outputs(tmp_path):
     R = np.array(metrics["variants"]["var_gp"]["accuracy_matrix"], dtype=float)
     assert R.shape == (5, 5) and np.isfinite(R).all()
     for name in ("metrics.json", "config.json", "vargp.npz", "posterior.nc",
-                 "entropy_matrix.png", "inducing_points.png", "ablations.png"):
+                 "entropy_matrix.png", "inducing_points.png", "ablations.png",
+                 "hyperparameters.png"):
         assert (tmp_path / name).exists(), name
     restored = Learner.load(tmp_path / "vargp.npz")
     assert restored.num_updates == 5
