@@ -287,6 +287,7 @@ def _theta_figure(ctx: RunContext, results: dict[str, dict], title: str, name: s
     axes[1].set_ylabel("log signal variance")
     for ax in axes:
         ax.set_xlabel("task")
+        ax.set_xticks(t)
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8)
     fig.suptitle(title)
