@@ -273,9 +273,9 @@ def _theta_figure(ctx: RunContext, results: dict[str, dict], title: str, name: s
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    t = np.arange(1, len(results["var_gp"]["records"]) + 1)  # every variant sees every task
     for key, res in results.items():
         recs = res["records"]
-        t = np.arange(1, len(recs) + 1)
         label = _LABELS.get(key, key)
         line, = axes[0].plot(t, [r["theta_log_lengthscale_median"] for r in recs], marker="o",
                              label=label)

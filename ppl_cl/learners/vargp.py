@@ -196,7 +196,9 @@ class VARGP(Learner):
 
         Returns:
             ``task``, ``epochs``, ``steps``, ``best_epoch``, ``best_validation``,
-            ``stopped_early``, ``final_loss``, ``wall_time_s``, ``seconds_per_epoch``.
+            ``stopped_early``, ``final_loss``, ``wall_time_s``, ``seconds_per_epoch``,
+            ``epoch_losses``, ``validation`` and where theta ended (``theta_log_variance``,
+            ``theta_log_lengthscale_median`` / ``_min`` / ``_max``, ``theta_scale_median``).
 
         Raises:
             ValueError / TypeError (before any state change) for labels outside the classes,
@@ -221,7 +223,7 @@ class VARGP(Learner):
             past = self.tasks[-1:] if c["guide"] == "global" else self.tasks
             hyper_init = self._initial_hyper(x)
             if c["scale_tril_init"] == "prior":
-                theta0 = hyper_init.loc if isinstance(hyper_init, HyperPosterior) else hyper_init
+                theta0 = _theta_mean(hyper_init)
                 init = init._replace(scale_tril=prior_conditional_scale_tril(
                     theta0, [] if c["guide"] == "global" else past, init.inducing_inputs, K,
                     self.jitter))
@@ -404,15 +406,19 @@ class VARGP(Learner):
                                        "num_tasks": self.num_updates})
 
 
+def _theta_mean(hyper: HyperPosterior | torch.Tensor) -> torch.Tensor:
+    """The mean of q(theta), or the point theta of the MLE ablation."""
+    return hyper.loc if isinstance(hyper, HyperPosterior) else hyper
+
+
 def _theta_summary(hyper: HyperPosterior | torch.Tensor) -> dict[str, float]:
     """Where the (mean of the) log-hyperparameters ended after a task, for the trajectory of
     theta over tasks (Sect. 5.3: MLE hyperparameters "stuck in a local minimum"):
-    ``log_variance`` and the median / min / max of the ``D`` log-lengthscales, over the
-    hyperparameter sets; ``theta_scale_median``: median std of q_t(theta) (0 for point theta)."""
-    loc = hyper if isinstance(hyper, torch.Tensor) else hyper.loc
-    loc = loc.detach().to("cpu", torch.float64)
+    ``theta_log_variance`` (mean over the hyperparameter sets) and the median / min / max of all
+    log-lengthscales; ``theta_scale_median``: median std of q_t(theta) (0 for point theta)."""
+    loc = _theta_mean(hyper).detach().to("cpu", torch.float64)
     log_l = loc[..., 1:]
-    scale = 0.0 if isinstance(hyper, torch.Tensor) else float(hyper.scale.detach().median())
+    scale = float(hyper.scale.detach().median()) if isinstance(hyper, HyperPosterior) else 0.0
     return {"theta_log_variance": float(loc[..., 0].mean()),
             "theta_log_lengthscale_median": float(log_l.median()),
             "theta_log_lengthscale_min": float(log_l.min()),
