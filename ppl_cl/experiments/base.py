@@ -144,7 +144,12 @@ def _parse_value(text: str, typ: Any, key: str) -> Any:
             try:
                 val = json.loads(text)
             except json.JSONDecodeError:
-                val = [v for v in text.split(",") if v != ""]
+                # shell-friendly forms: a,b,c  [a,b,c]  [a, 'b']  (no JSON quoting needed)
+                body = text.strip()
+                if body.startswith("[") and body.endswith("]"):
+                    body = body[1:-1]
+                val = [v.strip().strip("'\"") for v in body.split(",")]
+                val = [v for v in val if v != ""]
             if not isinstance(val, list):
                 val = [val]
             inner = args[0] if args and args[0] is not Ellipsis else None

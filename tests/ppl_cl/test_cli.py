@@ -53,6 +53,17 @@ def test_set_overrides_are_typed_and_checked():
         build_config(spec, overrides={"split": "abc"})
 
 
+def test_list_overrides_accept_shell_forms():
+    """``--set ablations=...`` as JSON, bare comma list, or bracketed without quotes (the form
+    that a shell leaves after ``'ablations=[block_diag,global]'``) all give the same tuple."""
+    spec = get("vargp-split-digits")
+    want = ("block_diag", "global")
+    for text in ('["block_diag", "global"]', "block_diag,global", "[block_diag,global]",
+                 "[block_diag, 'global']"):
+        assert tuple(build_config(spec, overrides={"ablations": text}).ablations) == want
+    assert tuple(build_config(spec, overrides={"ablations": "[]"}).ablations) == ()
+
+
 def test_cli_errors_are_one_line(capsys):
     assert main(["run", "no-such-experiment"]) == 2
     assert "unknown experiment" in capsys.readouterr().err
