@@ -47,7 +47,8 @@ def _cmd_run(args) -> int:
 
     metrics = run_experiment(args.name, quick=args.quick, seed=args.seed, device=args.device,
                              out=args.out, overrides=_parse_sets(args.set),
-                             data_dir=args.data_dir, show_progress=args.progress)
+                             data_dir=args.data_dir, show_progress=args.progress,
+                             resume=args.resume)
     print(json.dumps(metrics["summary"], indent=2, default=str))
     print(f"wrote {args.out or 'runs/' + args.name}/metrics.json "
           f"({metrics['wall_time_s']:.1f} s)", file=sys.stderr)
@@ -59,7 +60,7 @@ def _cmd_reproduce(args) -> int:
 
     res = reproduce(args.out, quick=args.quick, seed=args.seed, seeds=args.seeds,
                     device=args.device, only=args.only, overrides=_parse_sets(args.set),
-                    data_dir=args.data_dir, show_progress=args.progress)
+                    data_dir=args.data_dir, show_progress=args.progress, resume=args.resume)
     with open(f"{args.out}/report.md") as fh:
         print(fh.read())
     for name, r in res["results"].items():
@@ -114,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--device", default="cpu", help="cpu or cuda")
         sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bars (default: when stderr is a terminal)")
+        sp.add_argument("--resume", action="store_true",
+                        help="continue a stopped run from the checkpoints in its run folder "
+                             "(same experiment, seed and settings)")
 
     r = sub.add_parser("run", parents=[common], help="run one experiment")
     r.add_argument("name")
@@ -154,8 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # user-facing errors: one line, non-zero exit
         from ppl_cl.data.root import MissingDataError
         from ppl_cl.experiments.base import ConfigError, DeviceError
+        from ppl_cl.persist import CheckpointError
 
-        if isinstance(err, (MissingDataError, ConfigError, DeviceError, KeyError)):
+        if isinstance(err, (MissingDataError, ConfigError, DeviceError, CheckpointError,
+                            KeyError)):
             print(f"ppl-cl: {err}", file=sys.stderr)
             return 2
         raise

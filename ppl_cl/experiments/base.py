@@ -15,7 +15,13 @@ field type), seeds everything, and writes into the run folder
 * ``config.json`` — experiment, seed, device, quick flag, the config, library versions;
 * ``metrics.json`` — what ``run`` returned, which must hold a flat ``summary`` dict of
   numbers/strings (the headline numbers), plus ``figures`` and ``wall_time_s``;
-* figures saved through ``ctx.savefig`` as PNG, and whatever else the experiment writes.
+* figures saved through ``ctx.savefig`` as PNG, and whatever else the experiment writes;
+* ``progress.log`` — one line per unit of work an experiment reports through ``ctx.log``
+  (e.g. each continual task: epochs, validation, accuracy, seconds), written as it happens, so
+  that a long run can be followed with ``tail -f`` and a killed run leaves its record;
+* ``checkpoints/`` — per-unit state saved through ``ctx.save_checkpoint`` while the run is in
+  progress; ``run_experiment(..., resume=True)`` (``ppl-cl run --resume``) continues a run
+  that was stopped from these, and they are removed once ``metrics.json`` is written.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import dataclasses
 import json
 import math
 import platform
+import shutil
 import time
 import types
 import typing
@@ -31,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ppl_cl.persist import atomic_write_text
+from ppl_cl.persist import CheckpointError, atomic_write_text, load_tree, save_tree
 from ppl_cl.progress import progress, progress_enabled
 from ppl_cl.seeding import seed_everything
 
@@ -188,6 +195,50 @@ class RunContext:
     show_progress: bool | None = None
     data_dir: str | None = None
     figures: list[str] = field(default_factory=list)
+    resume: bool = False
+    #: what a checkpoint must match to be resumed from (experiment, seed, quick, config)
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+
+    # -- progress log and checkpoints (resumable long runs) ------------------------------------
+    def log(self, message: str) -> None:
+        """Append a time-stamped line to ``<out_dir>/progress.log`` (flushed at once)."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with open(self.out_dir / "progress.log", "a", encoding="utf-8") as fh:
+            fh.write(f"{stamp}  {message}\n")
+
+    def _checkpoint_path(self, key: str) -> Path:
+        if not key or not all(ch.isalnum() or ch in "-_" for ch in key):
+            raise ValueError(f"checkpoint key must be letters, digits, '-' or '_', got {key!r}")
+        return self.out_dir / "checkpoints" / f"{key}.npz"
+
+    def save_checkpoint(self, key: str, tree: Any, meta: dict[str, Any] | None = None) -> None:
+        """Save ``tree`` (arrays, tensors, JSON values) under ``key``, stamped with this run's
+        fingerprint; atomic, so a run killed mid-write keeps the previous checkpoint."""
+        path = self._checkpoint_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_tree(path, tree, meta={"run": _jsonable(self.fingerprint), "key": key,
+                                    "user": _jsonable(meta or {})})
+
+    def load_checkpoint(self, key: str) -> tuple[Any, dict[str, Any]] | None:
+        """``(tree, meta)`` saved under ``key`` if this run resumes and one exists, else None.
+
+        Raises :class:`CheckpointError` if the checkpoint was written by a run with another
+        experiment, seed, quick flag or config (resuming it would mix two runs)."""
+        path = self._checkpoint_path(key)
+        if not self.resume or not path.exists():
+            return None
+        tree, meta = load_tree(path)
+        mine, theirs = _jsonable(self.fingerprint), meta.get("run", {})
+        if mine != theirs:
+            diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+            if "config" in diff:
+                a, b = mine.get("config") or {}, theirs.get("config") or {}
+                diff = [d for d in diff if d != "config"] + [
+                    f"config.{k}: {b.get(k)!r} -> {a.get(k)!r}"
+                    for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            raise CheckpointError(f"{path} was written by a different run ({'; '.join(diff)}); "
+                                  "run without --resume, or with the original settings")
+        return tree, meta.get("user", {})
 
     def progress(self, iterable=None, *, desc: str = "", total: int | None = None, **kw):
         enabled = progress_enabled() if self.show_progress is None else self.show_progress
@@ -266,15 +317,28 @@ def _check_summary(name: str, metrics: Any) -> None:
 
 def run_experiment(name: str, *, quick: bool = False, seed: int = 0, device: str = "cpu",
                    out: str | Path | None = None, overrides: dict[str, str] | None = None,
-                   data_dir: str | None = None, show_progress: bool | None = None) -> dict:
-    """Run experiment ``name`` and write its run folder; returns the metrics dict."""
+                   data_dir: str | None = None, show_progress: bool | None = None,
+                   resume: bool = False) -> dict:
+    """Run experiment ``name`` and write its run folder; returns the metrics dict.
+
+    With ``resume=True`` an experiment that checkpoints its units of work (the VAR-GP streams
+    do, after every task of every variant) continues from the checkpoints a stopped run with
+    the same experiment, seed, quick flag and config left in ``out``; the result equals that
+    of an uninterrupted run. Without it, old checkpoints in ``out`` are discarded."""
     spec = get(name)
     _check_device(device)
     config = build_config(spec, quick=quick, overrides=overrides)
     out_dir = Path(out) if out is not None else Path("runs") / name
     out_dir.mkdir(parents=True, exist_ok=True)
     ctx = RunContext(out_dir=out_dir, seed=seed, device=device, quick=quick,
-                     show_progress=show_progress, data_dir=data_dir)
+                     show_progress=show_progress, data_dir=data_dir, resume=resume,
+                     fingerprint={"experiment": name, "seed": seed, "quick": quick,
+                                  "config": _jsonable(config)})
+    if not resume:
+        shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+        (out_dir / "progress.log").unlink(missing_ok=True)
+    ctx.log(f"{'resume' if resume else 'start'} {name} seed={seed} quick={quick} "
+            f"device={device}")
     if data_dir is not None:
         from ppl_cl.data.root import set_data_dir
 
@@ -291,4 +355,6 @@ def run_experiment(name: str, *, quick: bool = False, seed: int = 0, device: str
                "wall_time_s": time.perf_counter() - t0,
                "figures": sorted(set(metrics.get("figures", [])) | set(ctx.figures))}
     atomic_write_text(out_dir / "metrics.json", json.dumps(_jsonable(metrics), indent=2))
+    shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+    ctx.log(f"done in {metrics['wall_time_s']:.1f} s")
     return metrics

@@ -81,13 +81,15 @@ def _rows(name: str, paper: dict, summary: dict[str, Any], label: str | None = N
 def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: int = 0,
               seeds: Sequence[int] | None = None, device: str = "cpu",
               only: list[str] | None = None, overrides: dict[str, str] | None = None,
-              data_dir: str | None = None, show_progress: bool | None = None) -> dict:
+              data_dir: str | None = None, show_progress: bool | None = None,
+              resume: bool = False) -> dict:
     """Run every headline experiment (or ``only`` those) into ``out/<name>/`` (one folder per
     seed when ``seeds`` has several); write ``out/report.md`` and ``out/reproduce.json``.
 
     Args:
         seeds: the seeds to run (default ``[seed]``).
         overrides: ``--set`` config overrides applied to every experiment run.
+        resume: continue stopped runs from their checkpoints (see ``run_experiment``).
 
     Returns:
         ``{"results": ..., "failed": [...]}``; with several seeds each ok result carries
@@ -104,7 +106,8 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
                                    out=out / spec.name if len(seeds) == 1
                                    else out / spec.name / f"seed{s}",
                                    overrides=overrides, data_dir=data_dir,
-                                   show_progress=show_progress) for s in seeds]
+                                   show_progress=show_progress, resume=resume)
+                    for s in seeds]
             if len(runs) == 1:
                 results[spec.name] = {"status": "ok", "summary": runs[0]["summary"],
                                       "wall_time_s": runs[0]["wall_time_s"]}

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ppl_cl.experiments.base import PaperNumber, RunContext, register
+from ppl_cl.persist import CheckpointError
 
 __all__ = ["ToyConfig", "StreamConfig", "SplitMNISTConfig", "PermutedMNISTConfig",
            "SplitDigitsConfig", "VARIANTS", "run_stream"]
@@ -155,9 +156,14 @@ def _learner_kwargs(config: StreamConfig, ctx: RunContext, variant: str) -> dict
 
 
 def run_stream(tasks, valids, num_classes: int, learner_kwargs: dict[str, Any],
-               ctx: RunContext, desc: str = "VAR-GP") -> dict[str, Any]:
+               ctx: RunContext, desc: str = "VAR-GP", key: str = "var_gp") -> dict[str, Any]:
     """Train one VARGP learner task after task; after each task evaluate *every* task's test
     set (accuracy matrix row and mean predictive entropy row).
+
+    After each task the learner and the rows so far are checkpointed under ``key``
+    (``ctx.save_checkpoint``) and a line goes to ``progress.log``; when the run resumes
+    (``ppl-cl run --resume``) the loop continues after the last checkpointed task, which gives
+    the result of an uninterrupted run (the learner's randomness is seeded per task).
 
     Returns a dict with ``learner``, ``accuracy_matrix``, ``entropy_matrix`` (normalized by
     log K), ``average_accuracy`` (per step), ``final_avg_accuracy`` and ``forgetting`` (in %),
@@ -170,16 +176,31 @@ def run_stream(tasks, valids, num_classes: int, learner_kwargs: dict[str, Any],
     T = len(tasks)
     R = np.full((T, T), np.nan)
     H = np.full((T, T), np.nan)
-    records = []
-    for i in ctx.progress(range(T), desc=desc, total=T):
+    start = 0
+    saved = ctx.load_checkpoint(key)
+    if saved is not None:
+        state, _ = saved
+        learner.load_state_dict(state["learner"])
+        start = learner.num_updates
+        if start > T or len(learner.history) != start:
+            raise CheckpointError(f"checkpoint {key!r}: {start} tasks done, stream has {T}")
+        R[:start], H[:start] = np.asarray(state["R"])[:start], np.asarray(state["H"])[:start]
+        ctx.log(f"{key}: resumed after task {start}/{T}")
+    for i in ctx.progress(range(start, T), desc=desc, total=T, initial=start):
         rec = learner.update(tasks[i].train, validation=valids[i] if valids else None)
         R[i], H[i] = evaluate_tasks(learner, tasks)
-        records.append(rec)
+        ctx.save_checkpoint(key, {"learner": learner.state_dict(), "R": R, "H": H})
+        val = rec["best_validation"]
+        ctx.log(f"{key}: task {i + 1}/{T}: {rec['epochs']} epochs (best {rec['best_epoch']}), "
+                f"validation {'-' if val is None else f'{val:.4f}'}, "
+                f"average accuracy {100 * float(np.mean(R[i, :i + 1])):.2f} %, "
+                f"{rec['wall_time_s']:.1f} s")
     return {"learner": learner, "accuracy_matrix": R,
             "entropy_matrix": predictive_entropy_matrix(H, num_classes),
             "average_accuracy": 100 * average_accuracy(R),
             "final_avg_accuracy": 100 * final_average_accuracy(R),
-            "forgetting": 100 * forgetting(R) if T > 1 else 0.0, "records": records}
+            "forgetting": 100 * forgetting(R) if T > 1 else 0.0,
+            "records": list(learner.history)}
 
 
 def _subsample(batch, n: int, seed: int):
@@ -322,7 +343,7 @@ def _stream_experiment(config: StreamConfig, ctx: RunContext, tasks, valids, num
     for variant in ("var_gp", *ablations):
         results[variant] = run_stream(tasks, valids, num_classes,
                                       _learner_kwargs(config, ctx, variant), ctx,
-                                      desc=f"{title} {_LABELS[variant]}")
+                                      desc=f"{title} {_LABELS[variant]}", key=variant)
     main = results["var_gp"]
     learner = main["learner"]
     learner.save(ctx.out_dir / "vargp.npz")

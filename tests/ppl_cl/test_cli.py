@@ -41,6 +41,26 @@ def test_run_exact_gp_uci_quick_writes_run_folder(tmp_path, capsys):
     assert metrics["figures"] == ["predictions.png"]
 
 
+def test_run_writes_a_progress_log_and_accepts_resume(tmp_path, capsys):
+    from ppl_cl.experiments.base import RunContext
+
+    out = tmp_path / "run"
+    assert main(["run", "exact-gp-synthetic", "--quick", "--out", str(out)]) == 0
+    lines = (out / "progress.log").read_text().splitlines()
+    assert "start exact-gp-synthetic seed=0 quick=True" in lines[0] and "done in" in lines[-1]
+    # --resume with nothing to resume from is a plain run; the log is kept and appended to
+    assert main(["run", "exact-gp-synthetic", "--quick", "--out", str(out), "--resume"]) == 0
+    log = (out / "progress.log").read_text()
+    assert log.count("start exact-gp-synthetic") == 1 and "resume exact-gp-synthetic" in log
+    # a checkpoint from another run is refused with a one-line error naming what differs
+    other = RunContext(out_dir=out, resume=True, fingerprint={"experiment": "x", "seed": 1})
+    other.save_checkpoint("unit", {"a": 1})
+    mine = RunContext(out_dir=out, resume=True, fingerprint={"experiment": "x", "seed": 2})
+    with pytest.raises(Exception, match="different run \\(seed\\)"):
+        mine.load_checkpoint("unit")
+    assert RunContext(out_dir=out, fingerprint={"seed": 2}).load_checkpoint("unit") is None
+
+
 def test_set_overrides_are_typed_and_checked():
     spec = get("exact-gp-uci")
     cfg = build_config(spec, quick=True, overrides={"dataset": "yacht", "split": "3",

@@ -335,6 +335,51 @@ def test_split_digits_quick_run_writes_its_outputs(tmp_path):
     assert restored.num_updates == 5
 
 
+def test_stopped_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
+    """A run killed mid-stream (here: in the ablation's third task) and continued with
+    ``resume=True`` gives the same accuracy matrices and training records as a run that was
+    never stopped; a resume with other settings is refused; checkpoints go once done."""
+    from ppl_cl.experiments.base import run_experiment
+    from ppl_cl.persist import CheckpointError
+
+    kw = dict(quick=True, show_progress=False,
+              overrides={"ablations": "[block_diag]", "max_epochs": "3"})
+    whole = run_experiment("vargp-split-digits", out=tmp_path / "whole", **kw)
+    assert not (tmp_path / "whole" / "checkpoints").exists()
+
+    real_update, calls = VARGP.update, []
+
+    def dying_update(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 8:  # 5 VAR-GP tasks, then block-diag tasks 1, 2, then killed
+            raise KeyboardInterrupt
+        return real_update(self, *args, **kwargs)
+
+    monkeypatch.setattr(VARGP, "update", dying_update)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment("vargp-split-digits", out=tmp_path / "cut", **kw)
+    monkeypatch.setattr(VARGP, "update", real_update)
+    assert sorted(p.name for p in (tmp_path / "cut" / "checkpoints").iterdir()) == [
+        "block_diag.npz", "var_gp.npz"]
+    with pytest.raises(CheckpointError, match="max_epochs"):
+        run_experiment("vargp-split-digits", out=tmp_path / "cut", resume=True,
+                       **{**kw, "overrides": {**kw["overrides"], "max_epochs": "4"}})
+
+    resumed = run_experiment("vargp-split-digits", out=tmp_path / "cut", resume=True, **kw)
+    log = (tmp_path / "cut" / "progress.log").read_text()
+    assert "var_gp: resumed after task 5/5" in log
+    assert "block_diag: resumed after task 2/5" in log and "block_diag: task 5/5" in log
+    assert not (tmp_path / "cut" / "checkpoints").exists()
+    for variant in ("var_gp", "block_diag"):
+        a, b = whole["variants"][variant], resumed["variants"][variant]
+        np.testing.assert_array_equal(a["accuracy_matrix"], b["accuracy_matrix"])
+        np.testing.assert_array_equal(a["entropy_matrix"], b["entropy_matrix"])
+        drop = ("wall_time_s", "seconds_per_epoch")
+        assert ([{k: v for k, v in r.items() if k not in drop} for r in a["records"]]
+                == [{k: v for k, v in r.items() if k not in drop} for r in b["records"]])
+    assert resumed["summary"]["final_avg_accuracy"] == whole["summary"]["final_avg_accuracy"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["vargp-toy", "vargp-split-digits"])
 def test_quick_experiments_run(name, tmp_path):
