@@ -203,6 +203,7 @@ class RunContext:
     def log(self, message: str) -> None:
         """Append a time-stamped line to ``<out_dir>/progress.log`` (flushed at once)."""
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        self.out_dir.mkdir(parents=True, exist_ok=True)
         with open(self.out_dir / "progress.log", "a", encoding="utf-8") as fh:
             fh.write(f"{stamp}  {message}\n")
 
