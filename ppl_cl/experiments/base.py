@@ -212,16 +212,15 @@ class RunContext:
             raise ValueError(f"checkpoint key must be letters, digits, '-' or '_', got {key!r}")
         return self.out_dir / "checkpoints" / f"{key}.npz"
 
-    def save_checkpoint(self, key: str, tree: Any, meta: dict[str, Any] | None = None) -> None:
+    def save_checkpoint(self, key: str, tree: Any) -> None:
         """Save ``tree`` (arrays, tensors, JSON values) under ``key``, stamped with this run's
         fingerprint; atomic, so a run killed mid-write keeps the previous checkpoint."""
         path = self._checkpoint_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_tree(path, tree, meta={"run": _jsonable(self.fingerprint), "key": key,
-                                    "user": _jsonable(meta or {})})
+        save_tree(path, tree, meta={"run": _jsonable(self.fingerprint)})
 
-    def load_checkpoint(self, key: str) -> tuple[Any, dict[str, Any]] | None:
-        """``(tree, meta)`` saved under ``key`` if this run resumes and one exists, else None.
+    def load_checkpoint(self, key: str) -> Any | None:
+        """The tree saved under ``key`` if this run resumes and one exists, else None.
 
         Raises :class:`CheckpointError` if the checkpoint was written by a run with another
         experiment, seed, quick flag or config (resuming it would mix two runs)."""
@@ -239,7 +238,7 @@ class RunContext:
                     for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
             raise CheckpointError(f"{path} was written by a different run ({'; '.join(diff)}); "
                                   "run without --resume, or with the original settings")
-        return tree, meta.get("user", {})
+        return tree
 
     def progress(self, iterable=None, *, desc: str = "", total: int | None = None, **kw):
         enabled = progress_enabled() if self.show_progress is None else self.show_progress

@@ -177,9 +177,8 @@ def run_stream(tasks, valids, num_classes: int, learner_kwargs: dict[str, Any],
     R = np.full((T, T), np.nan)
     H = np.full((T, T), np.nan)
     start = 0
-    saved = ctx.load_checkpoint(key)
-    if saved is not None:
-        state, _ = saved
+    state = ctx.load_checkpoint(key)
+    if state is not None:
         learner.load_state_dict(state["learner"])
         start = learner.num_updates
         if start > T or len(learner.history) != start:
@@ -193,7 +192,7 @@ def run_stream(tasks, valids, num_classes: int, learner_kwargs: dict[str, Any],
         val = rec["best_validation"]
         ctx.log(f"{key}: task {i + 1}/{T}: {rec['epochs']} epochs (best {rec['best_epoch']}), "
                 f"validation {'-' if val is None else f'{val:.4f}'}, "
-                f"average accuracy {100 * float(np.mean(R[i, :i + 1])):.2f} %, "
+                f"average accuracy {100 * average_accuracy(R[:i + 1, :i + 1])[-1]:.2f} %, "
                 f"{rec['wall_time_s']:.1f} s")
     return {"learner": learner, "accuracy_matrix": R,
             "entropy_matrix": predictive_entropy_matrix(H, num_classes),
