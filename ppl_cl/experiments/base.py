@@ -198,6 +198,10 @@ class RunContext:
     resume: bool = False
     #: what a checkpoint must match to be resumed from (experiment, seed, quick, config)
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    #: the config this version builds without overrides: a config field that a checkpoint
+    #: predates matches when it is at this default (options are added with defaults that keep
+    #: the earlier behaviour)
+    config_defaults: dict[str, Any] = field(default_factory=dict)
 
     # -- progress log and checkpoints (resumable long runs) ------------------------------------
     def log(self, message: str) -> None:
@@ -228,7 +232,13 @@ class RunContext:
         if not self.resume or not path.exists():
             return None
         tree, meta = load_tree(path)
-        mine, theirs = _jsonable(self.fingerprint), meta.get("run", {})
+        mine, theirs = _jsonable(self.fingerprint), dict(meta.get("run", {}))
+        if isinstance(mine.get("config"), dict) and isinstance(theirs.get("config"), dict):
+            theirs["config"] = {**{k: v for k, v in mine["config"].items()
+                                   if k not in theirs["config"]
+                                   and k in self.config_defaults
+                                   and self.config_defaults[k] == v},
+                                **theirs["config"]}
         if mine != theirs:
             diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
             if "config" in diff:
@@ -333,7 +343,8 @@ def run_experiment(name: str, *, quick: bool = False, seed: int = 0, device: str
     ctx = RunContext(out_dir=out_dir, seed=seed, device=device, quick=quick,
                      show_progress=show_progress, data_dir=data_dir, resume=resume,
                      fingerprint={"experiment": name, "seed": seed, "quick": quick,
-                                  "config": _jsonable(config)})
+                                  "config": _jsonable(config)},
+                     config_defaults=_jsonable(build_config(spec, quick=quick)))
     if not resume:
         shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
         (out_dir / "progress.log").unlink(missing_ok=True)

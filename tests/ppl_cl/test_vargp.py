@@ -340,7 +340,7 @@ def test_stopped_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
     ``resume=True`` gives the same accuracy matrices and training records as a run that was
     never stopped; a resume with other settings is refused; checkpoints go once done."""
     from ppl_cl.experiments.base import run_experiment
-    from ppl_cl.persist import CheckpointError
+    from ppl_cl.persist import CheckpointError, load_tree, save_tree
 
     kw = dict(quick=True, show_progress=False,
               overrides={"ablations": "[block_diag]", "max_epochs": "3"})
@@ -364,6 +364,15 @@ def test_stopped_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="max_epochs"):
         run_experiment("vargp-split-digits", out=tmp_path / "cut", resume=True,
                        **{**kw, "overrides": {**kw["overrides"], "max_epochs": "4"}})
+    # checkpoints written before a config field existed (here: run_var_gp) still resume when
+    # the field is at its default, and are refused when it is not
+    for path in (tmp_path / "cut" / "checkpoints").iterdir():
+        tree, meta = load_tree(path)
+        del meta["run"]["config"]["run_var_gp"]
+        save_tree(path, tree, meta)
+    with pytest.raises(CheckpointError, match="run_var_gp"):
+        run_experiment("vargp-split-digits", out=tmp_path / "cut", resume=True,
+                       **{**kw, "overrides": {**kw["overrides"], "run_var_gp": "false"}})
 
     resumed = run_experiment("vargp-split-digits", out=tmp_path / "cut", resume=True, **kw)
     log = (tmp_path / "cut" / "progress.log").read_text()
@@ -378,6 +387,35 @@ def test_stopped_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
         assert ([{k: v for k, v in r.items() if k not in drop} for r in a["records"]]
                 == [{k: v for k, v in r.items() if k not in drop} for r in b["records"]])
     assert resumed["summary"]["final_avg_accuracy"] == whole["summary"]["final_avg_accuracy"]
+
+
+def test_ablation_rows_can_run_without_the_var_gp_row(tmp_path, monkeypatch):
+    """``run_var_gp=False`` trains only the ablations (no throwaway VAR-GP stage): one learner
+    per ablation, their Table 1 keys and the first ablation's suffixed forgetting/time keys."""
+    from ppl_cl.experiments.base import run_experiment
+
+    calls = []
+    real_update = VARGP.update
+
+    def counting_update(self, *args, **kwargs):
+        calls.append(self.config["guide"])
+        return real_update(self, *args, **kwargs)
+
+    monkeypatch.setattr(VARGP, "update", counting_update)
+    metrics = run_experiment("vargp-split-digits", quick=True, out=tmp_path / "a",
+                             show_progress=False,
+                             overrides={"ablations": "[global]", "run_var_gp": "false",
+                                        "max_epochs": "2"})
+    assert calls == ["global"] * 5
+    s = metrics["summary"]
+    assert "final_avg_accuracy" not in s and "final_forgetting" not in s
+    assert 0 <= s["final_avg_accuracy_global"] <= 100
+    assert {"final_forgetting_global", "epochs_total_global", "train_time_s_global"} <= set(s)
+    assert list(metrics["variants"]) == ["global"]
+    assert (tmp_path / "a" / "vargp.npz").exists()
+    with pytest.raises(ValueError, match="nothing to train"):
+        run_experiment("vargp-split-digits", quick=True, out=tmp_path / "b", show_progress=False,
+                       overrides={"ablations": "[]", "run_var_gp": "false"})
 
 
 @pytest.mark.slow
