@@ -39,9 +39,10 @@ _LABELS = {"var_gp": "VAR-GP", "block_diag": "+ Block Diag.", "mle_hypers": "+ M
 _SOURCE = "Kapoor et al. 2021, Table 1"
 
 
-def _summary_key(variant: str) -> str:
-    """``summary`` key of a Table 1 row (stable names: ``final_avg_accuracy[_<variant>]``)."""
-    return "final_avg_accuracy" + ("" if variant == "var_gp" else f"_{variant}")
+def _summary_key(variant: str, name: str = "final_avg_accuracy") -> str:
+    """``summary`` key of a variant's number (stable names: ``final_avg_accuracy[_<variant>]``;
+    no suffix for VAR-GP)."""
+    return name + ("" if variant == "var_gp" else f"_{variant}")
 
 
 def _table1_column(rows: dict[str, tuple[float, float]], var_gp_note: str
@@ -352,8 +353,9 @@ def _stream_experiment(config: StreamConfig, ctx: RunContext, tasks, valids, num
         results[variant] = run_stream(tasks, valids, num_classes,
                                       _learner_kwargs(config, ctx, variant), ctx,
                                       desc=f"{title} {_LABELS[variant]}", key=variant)
-    main = results[variants[0]]   # VAR-GP unless run_var_gp=False
-    label = "" if variants[0] == "var_gp" else f" {_LABELS[variants[0]]}"
+    first = variants[0]   # VAR-GP unless run_var_gp=False
+    main = results[first]
+    label = "" if first == "var_gp" else f" {_LABELS[first]}"
     learner = main["learner"]
     learner.save(ctx.out_dir / "vargp.npz")
     try:
@@ -370,14 +372,14 @@ def _stream_experiment(config: StreamConfig, ctx: RunContext, tasks, valids, num
     _curves_figure(ctx, results, f"{title}: VAR-GP and ablations (Fig. 6)", "ablations")
     _theta_figure(ctx, results, f"{title}: hyperparameters after each task", "hyperparameters")
 
-    # forgetting, epochs and time of the first trained variant; suffixed unless it is VAR-GP
-    suffix = "" if variants[0] == "var_gp" else f"_{variants[0]}"
     summary: dict[str, Any] = {}
     for variant in variants:
         summary[_summary_key(variant)] = results[variant]["final_avg_accuracy"]
-    summary["final_forgetting" + suffix] = main["forgetting"]
-    summary["epochs_total" + suffix] = int(sum(r["epochs"] for r in main["records"]))
-    summary["train_time_s" + suffix] = float(sum(r["wall_time_s"] for r in main["records"]))
+    # forgetting, epochs and time of the first trained variant
+    summary[_summary_key(first, "final_forgetting")] = main["forgetting"]
+    summary[_summary_key(first, "epochs_total")] = int(sum(r["epochs"] for r in main["records"]))
+    summary[_summary_key(first, "train_time_s")] = float(
+        sum(r["wall_time_s"] for r in main["records"]))
     summary["num_tasks"] = len(tasks)
     metrics: dict[str, Any] = {"summary": summary, "variants": {}}
     for variant, res in results.items():
