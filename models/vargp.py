@@ -157,7 +157,8 @@ def median_heuristic_theta(x: Tensor, num_hyper_sets: int = 1, max_points: int =
     d2 = squared_distance(x, x)
     iu = torch.triu_indices(x.shape[0], x.shape[0], offset=1, device=x.device)
     pairs = d2[iu[0], iu[1]]
-    med = pairs.median().sqrt() if pairs.numel() else torch.ones((), dtype=x.dtype)
+    med = pairs.median().sqrt() if pairs.numel() else torch.ones((), dtype=x.dtype,
+                                                                   device=x.device)
     med = med.clamp_min(torch.finfo(x.dtype).eps) if bool(med > 0) else torch.ones(
         (), dtype=x.dtype, device=x.device)
     theta = torch.cat([torch.zeros(1, dtype=x.dtype, device=x.device),

@@ -277,9 +277,8 @@ def whitened_posterior(prior_factor: Tensor, sets: Sequence[InducingSet], struct
         return v_bar, factors
     if structure == "block_diagonal":
         m = torch.cat([s.mean for s in sets], dim=-1)
-        S_half = torch.block_diag(*[torch.zeros(s.num_inducing, s.num_inducing) for s in sets])
-        S_half = S_half.to(dtype=L.dtype, device=L.device).expand(
-            sets[0].mean.shape[0], *S_half.shape).clone()
+        n = m.shape[-1]
+        S_half = torch.zeros(sets[0].mean.shape[0], n, n, dtype=L.dtype, device=L.device)
         for s, b in zip(sets, blocks):
             S_half[..., b, b] = s.scale_tril
         v_bar = torch.linalg.solve_triangular(L, m.unsqueeze(-1), upper=False).squeeze(-1)
@@ -376,8 +375,7 @@ def block_diagonal_expected_kl(prior_factor: Tensor, sets: Sequence[InducingSet]
     kl = gaussian_kl(shift, current.scale_tril.expand(*shift.shape, shift.shape[-1]),
                      L[..., b, b])
     # A_t B = L_{t,<t} L_<t^{-1} B, then L_tt^{-1} (A_t B)
-    B = torch.block_diag(*[torch.zeros(s.num_inducing, s.num_inducing) for s in past]).to(
-        dtype=L.dtype, device=L.device).expand(m_past.shape[0], p, p).clone()
+    B = torch.zeros(m_past.shape[0], p, p, dtype=L.dtype, device=L.device)
     for s, rows in zip(past, blocks[:-1]):
         B[..., rows, rows] = s.scale_tril
     AB = L[..., b, :p] @ torch.linalg.solve_triangular(L[..., :p, :p], B, upper=False)
