@@ -20,7 +20,11 @@ Comparisons written to the JSON (``ratios``):
   inputs per class as the reference code) vs the same Pyro model — this mostly measures
   S * K more kernel matrices, not the auto-regressive structure.
 
-Run: ``python benchmarks/vargp.py [--device cuda] [--steps 5] [--quick]``.
+``--overhead`` times the same four engines at tiny sizes (D = 8, B = 16, M = 4 per task), where a
+step is Python and kernel dispatch only: on a CPU, a proxy for the GPU's launch-bound regime.
+
+Run: ``python benchmarks/vargp.py [--device cuda] [--steps 5] [--quick] [--overhead]
+[--validate-args always]``.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 K, D, B, M_PER_TASK, N_TASK = 10, 784, 512, 60, 10_000
+VALIDATE_ARGS = "first"   # SVIConfig.validate_args of the timed engines (--validate-args)
 
 
 def _sync(device: torch.device) -> None:
@@ -50,6 +55,8 @@ def _sync(device: torch.device) -> None:
 def _data(device: torch.device, dtype: torch.dtype, n: int) -> tuple[torch.Tensor, torch.Tensor, str]:
     """Real MNIST training images when available (else uniform noise of the same shape)."""
     try:
+        if D != 784:
+            raise ValueError("--overhead: tiny random inputs")
         from ppl_cl.data.loaders import load_mnist
 
         x, y = load_mnist("train")
@@ -102,7 +109,8 @@ def vargp_engine(x, y, num_tasks: int, m_per_task: int, *, num_theta_samples: in
                          likelihood=SoftmaxLikelihood(num_f_samples), jitter=1e-5)
     return ContinualSVI(program.model, program.guide,
                         SVIConfig(learning_rate=3e-3, batch_size=B, max_epochs=1,
-                                  max_plate_nesting=MAX_PLATE_NESTING, seed=seed))
+                                  max_plate_nesting=MAX_PLATE_NESTING, seed=seed,
+                                  validate_args=VALIDATE_ARGS))
 
 
 def time_vargp(x, y, device, steps: int, **kwargs) -> float:
@@ -111,10 +119,10 @@ def time_vargp(x, y, device, steps: int, **kwargs) -> float:
     engine = vargp_engine(x, y, **kwargs)
     xb, yb = x[:B], y[:B]
     with pyro.get_param_store().scope():
-        state = engine.init(xb, yb, num_data=N_TASK)
+        state = [engine.init(xb, yb, num_data=N_TASK)]
 
-        def step():
-            engine.step(state, xb, yb, num_data=N_TASK)
+        def step():   # carries the state: the step count decides Pyro's checks (validate_args)
+            state[0] = engine.step(state[0], xb, yb, num_data=N_TASK)[0]
 
         return _time_steps(step, device, steps)
 
@@ -149,10 +157,13 @@ def time_pyro_svgp(x, y, device, steps: int, num_inducing: int) -> float:
         elbo = TraceMeanField_ELBO()
 
         def step():
-            opt.zero_grad()
-            loss = elbo.differentiable_loss(model.model, model.guide)
-            loss.backward()
-            opt.step()
+            # as ContinualSVI after its first step: distribution-argument checks only under
+            # --validate-args always (each reads a flag back from the device)
+            with pyro.validation_enabled(VALIDATE_ARGS == "always"):
+                opt.zero_grad()
+                loss = elbo.differentiable_loss(model.model, model.guide)
+                loss.backward()
+                opt.step()
 
         return _time_steps(step, device, steps)
 
@@ -197,17 +208,29 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="timed steps per measurement (median)")
     ap.add_argument("--quick", action="store_true", help="tasks 1 and 2 only, 2 steps, no epoch")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "vargp.json"))
+    ap.add_argument("--overhead", action="store_true",
+                    help="tiny sizes (D 8, B 16, M 4 per task, 200 rows): the step is then all "
+                         "Python and dispatch, as it is on a GPU, where kernels are short; a CPU "
+                         "proxy for the launch-bound regime (no epoch timing)")
+    ap.add_argument("--validate-args", choices=("first", "always"), default="first",
+                    help="Pyro's distribution checks: on the first step only (the engine's "
+                         "default) or on every step, for both VAR-GP and Pyro's SVGP")
     args = ap.parse_args(argv)
+    global VALIDATE_ARGS, D, B, M_PER_TASK, N_TASK
+    VALIDATE_ARGS = args.validate_args
+    if args.overhead:
+        D, B, M_PER_TASK, N_TASK = 8, 16, 4, 200
     devices = args.device or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     tasks = [1, 2] if args.quick else [1, 2, 3, 4, 5]
-    epoch_tasks = [] if args.quick else [1, 5]
+    epoch_tasks = [] if args.quick or args.overhead else [1, 5]
     steps = 2 if args.quick else args.steps
     results = {"benchmark": "vargp", "settings": {
         "num_classes": K, "input_dim": D, "batch_size": B, "inducing_per_task": M_PER_TASK,
         "num_data_per_task": N_TASK, "paper": {"num_theta_samples": 3, "num_f_samples": 10,
                                                "per_class_inducing_inputs": True},
         "matched": {"num_theta_samples": 1, "num_f_samples": 1,
-                    "per_class_inducing_inputs": False}, "dtype": "float32", "steps": steps},
+                    "per_class_inducing_inputs": False}, "dtype": "float32", "steps": steps,
+        "validate_args": VALIDATE_ARGS, "overhead_proxy": bool(args.overhead)},
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                     "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),

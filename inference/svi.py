@@ -37,13 +37,14 @@ import dataclasses
 import math
 import re
 import time
+import warnings
 from typing import Any, Callable, NamedTuple, Sequence
 
 import pyro
 import torch
-from pyro.infer import TraceMeanField_ELBO
 from tqdm.auto import tqdm
 
+from inference.elbo import LazyTraceMeanField_ELBO
 from inference.yogi import Yogi
 
 __all__ = ["SVIConfig", "SVIState", "StepInfo", "FitResult", "ContinualSVI",
@@ -75,6 +76,13 @@ class SVIConfig:
         seed: seeds minibatch order and every Monte Carlo draw of the run.
         progress: show a tqdm bar over epochs.
         clip_norm: optional gradient-norm clipping (off by default, not in the paper).
+        validate_args: when Pyro checks distribution arguments and sample supports:
+            ``"first"`` (default) on the initializing evaluation and the first step of a fit,
+            where a malformed program shows itself, then not again; ``"always"``; ``"never"``.
+            Each check reads a boolean back from the device, so on a GPU it stalls the queue of
+            launched kernels once per distribution per step (the auto-regressive guide builds
+            ``2 t`` Gaussians per step); non-finite losses and gradients are caught by the
+            finite-loss guard whatever this setting.
     """
 
     learning_rate: float = 3e-3
@@ -91,13 +99,15 @@ class SVIConfig:
     seed: int = 0
     progress: bool = False
     clip_norm: float | None = None
+    validate_args: str = "first"
 
     def __post_init__(self) -> None:
         checks = [("learning_rate", self.learning_rate > 0), ("batch_size", self.batch_size >= 1),
                   ("max_epochs", self.max_epochs >= 1), ("patience", self.patience >= 1),
                   ("tolerance", self.tolerance >= 0), ("num_particles", self.num_particles >= 1),
                   ("validate_every", self.validate_every >= 1),
-                  ("optimizer", self.optimizer in ("yogi", "adam"))]
+                  ("optimizer", self.optimizer in ("yogi", "adam")),
+                  ("validate_args", self.validate_args in ("first", "always", "never"))]
         for name, ok in checks:
             if not ok:
                 raise ValueError(f"SVIConfig.{name}: invalid value {getattr(self, name)!r}")
@@ -165,8 +175,9 @@ class ContinualSVI:
     Args:
         model, guide: Pyro callables taking ``(*batch, num_data=N, **kwargs)``.
         config: :class:`SVIConfig`.
-        loss: a Pyro ELBO (default ``TraceMeanField_ELBO`` with the config's particles; its
-            analytic KL terms are what VAR-GP's bound uses).
+        loss: a Pyro ELBO (default :class:`inference.elbo.LazyTraceMeanField_ELBO`, Pyro's
+            ``TraceMeanField_ELBO`` computing only the terms it uses, with the config's
+            particles; its analytic KL terms are what VAR-GP's bound uses).
         num_data_kwarg: name of the keyword that receives N (None: not passed).
     """
 
@@ -175,7 +186,7 @@ class ContinualSVI:
         self.model, self.guide = model, guide
         self.config = config or SVIConfig()
         c = self.config
-        self.loss = loss or TraceMeanField_ELBO(num_particles=c.num_particles,
+        self.loss = loss or LazyTraceMeanField_ELBO(num_particles=c.num_particles,
                                                 vectorize_particles=c.vectorize_particles,
                                                 max_plate_nesting=c.max_plate_nesting
                                                 if c.max_plate_nesting is not None
@@ -186,9 +197,13 @@ class ContinualSVI:
     def _loss(self, *args, **kwargs) -> torch.Tensor:
         return self.loss.differentiable_loss(self.model, self.guide, *args, **kwargs)
 
+    def _validating(self, step: int) -> bool:
+        mode = self.config.validate_args
+        return mode == "always" or (mode == "first" and step == 0)
+
     def init(self, *args, **kwargs) -> SVIState:
         """Create the parameters (one loss evaluation without a step) and the optimizer."""
-        with torch.no_grad():
+        with torch.no_grad(), pyro.validation_enabled(self._validating(0)):
             self._loss(*args, **kwargs)
         params = dict(pyro.get_param_store().named_parameters())
         if not params:
@@ -208,7 +223,11 @@ class ContinualSVI:
         opt.zero_grad(set_to_none=True)
         where = where or f"step {state.step + 1}"
         try:
-            loss = self._loss(*args, **kwargs)
+            with pyro.validation_enabled(self._validating(state.step)), \
+                    warnings.catch_warnings():
+                # Pyro's "Encountered NaN: loss" warning: the guard below raises the clear error
+                warnings.filterwarnings("ignore", message="Encountered NaN", category=UserWarning)
+                loss = self._loss(*args, **kwargs)
         except ValueError as err:
             # Pyro's distribution validation meets the NaN first (e.g. a NaN logit)
             if _NON_FINITE.search(str(err)):
@@ -220,7 +239,9 @@ class ContinualSVI:
             raise NonFiniteLossError(
                 f"SVI loss became {float(loss.detach())} at {where}; the parameters keep their "
                 f"last finite values. Lower the learning rate or check the data/initialization.")
-        loss.backward()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Encountered NaN", category=UserWarning)
+            loss.backward()
         grads = [p.grad for p in state.params.values() if p.grad is not None]
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) \
             if grads else torch.zeros(())

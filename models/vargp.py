@@ -295,6 +295,7 @@ class VARGPModel:
         self.hyper_prior = (hyper_prior.detach() if hyper_prior is not None
                             else standard_hyper_prior(H, self.input_dim, dtype, device))
         self._cache: tuple | None = None
+        self._factor_cache: dict[int, tuple[Tensor, dist.MultivariateNormal]] = {}
 
     # -- parameters of the current task ------------------------------------------------------
     def current_set(self) -> InducingSet:
@@ -343,13 +344,21 @@ class VARGPModel:
     def _guide_factor(self, j: int, L: Tensor, sets: list[InducingSet], blocks: list[slice],
                       u_past: list[Tensor]) -> dist.MultivariateNormal:
         """The guide factor of task ``j`` (1-based): ``N(A_j u_<j + m_j, L_j L_j^T)`` or, for the
-        block-diagonal guide, ``N(m_j, L_j L_j^T)``."""
+        block-diagonal guide, ``N(m_j, L_j L_j^T)``.
+
+        The guide builds it first; the model, replaying the guide's ``u_<j`` with the same ``L``
+        (see :meth:`_prior_factor`), gets the guide's object back instead of building it again."""
+        hit = self._factor_cache.get(j)
+        if hit is not None and hit[0] is L:
+            return hit[1]
         s = sets[j - 1]
         if self.guide_structure == "autoregressive" and u_past:
             loc = conditional_prior_mean(L, blocks[j - 1], torch.cat(u_past, -1)) + s.mean
         else:
             loc = s.mean
-        return dist.MultivariateNormal(loc, scale_tril=s.scale_tril)
+        factor = dist.MultivariateNormal(loc, scale_tril=s.scale_tril)
+        self._factor_cache[j] = (L, factor)
+        return factor
 
     def _prior_conditional(self, L: Tensor, blocks: list[slice], u_past: list[Tensor]
                            ) -> dist.MultivariateNormal:
@@ -385,10 +394,13 @@ class VARGPModel:
                         pyro.factor("previous_posterior", previous_posterior_term(
                             theta, u_t, sets[-1].inducing_inputs, self.past[0], self.jitter))
                 else:
+                    # q(u_<t | theta) of eq. (6): the guide's own factors (flagged as such, see
+                    # the guide)
                     u_past: list[Tensor] = []
                     for j in range(1, len(sets)):
                         u_past.append(pyro.sample(
-                            f"u_{j}", self._guide_factor(j, L, sets, blocks, u_past)))
+                            f"u_{j}", self._guide_factor(j, L, sets, blocks, u_past),
+                            infer={"shared_factor": True}))
                     pyro.sample(f"u_{len(sets)}", self._prior_conditional(L, blocks, u_past))
             f_loc, f_var = self._f(theta, x, sets, L)
             with pyro.plate("data", N, subsample=torch.arange(B, device=x.device), dim=-1):
@@ -399,6 +411,7 @@ class VARGPModel:
         (``q_t(theta) q(u_t)`` for the global ablation). Same arguments as :meth:`model`."""
         S = self.num_theta_samples
         self._cache = None
+        self._factor_cache = {}
         with poutine.scale(scale=1.0 / S), pyro.plate("theta_samples", S, dim=-3):
             key, theta = self._theta("guide")
             sets = self.sets()
@@ -409,10 +422,14 @@ class VARGPModel:
                     s = sets[-1]
                     pyro.sample("u", dist.MultivariateNormal(s.mean, scale_tril=s.scale_tril))
                 else:
+                    # earlier tasks' factors are frozen and appear in the model too (eq. 6 and
+                    # eq. 7 share q(u_<t | theta)); "shared_factor" lets
+                    # inference.elbo.LazyTraceMeanField_ELBO skip their KL, which is 0
                     u_past: list[Tensor] = []
                     for j in range(1, len(sets) + 1):
                         u_past.append(pyro.sample(
-                            f"u_{j}", self._guide_factor(j, L, sets, blocks, u_past)))
+                            f"u_{j}", self._guide_factor(j, L, sets, blocks, u_past),
+                            infer={"shared_factor": j < len(sets)}))
 
     def _f(self, theta: Tensor, x: Tensor, sets: list[InducingSet], L: Tensor
            ) -> tuple[Tensor, Tensor]:

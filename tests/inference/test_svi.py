@@ -75,14 +75,15 @@ TAU, SIGMA = 2.0, 1.0
 
 
 def normal_model(y, num_data=None):
-    mu = pyro.sample("mu", dist.Normal(torch.zeros((), dtype=y.dtype), TAU))
+    mu = pyro.sample("mu", dist.Normal(torch.zeros((), dtype=y.dtype, device=y.device), TAU))
     with pyro.plate("data", num_data or len(y), subsample=torch.arange(len(y))):
         pyro.sample("y", dist.Normal(mu, SIGMA), obs=y)
 
 
 def normal_guide(y, num_data=None):
-    loc = pyro.param("loc", torch.zeros((), dtype=y.dtype))
-    scale = pyro.param("scale", torch.ones((), dtype=y.dtype), constraint=constraints.positive)
+    loc = pyro.param("loc", torch.zeros((), dtype=y.dtype, device=y.device))
+    scale = pyro.param("scale", torch.ones((), dtype=y.dtype, device=y.device),
+                       constraint=constraints.positive)
     pyro.sample("mu", dist.Normal(loc, scale))
 
 
@@ -257,3 +258,23 @@ def test_runs_on_cuda():
     res = ContinualSVI(normal_model, normal_guide,
                        SVIConfig(batch_size=16, max_epochs=2, max_plate_nesting=1)).fit((y,))
     assert res.params["loc"].device.type == "cuda"
+
+
+@pytest.mark.parametrize("mode, expected", [("first", [True, True, False, False]),
+                                            ("always", [True] * 4), ("never", [False] * 4)])
+def test_distribution_checks_run_on_the_first_step_only_by_default(mode, expected):
+    """SVIConfig.validate_args: Pyro's argument/support checks (one device read-back each) on
+    the initializing evaluation and the first step ("first"), on every step, or never."""
+    seen = []
+
+    def model(y, num_data=None):
+        seen.append(torch.distributions.Distribution._validate_args)
+        w = pyro.param("w", torch.tensor(0.5, dtype=DT))
+        with pyro.plate("data", num_data or len(y), subsample=torch.arange(len(y))):
+            pyro.sample("y", dist.Normal(w, 1.0), obs=y)
+
+    ContinualSVI(model, lambda y, num_data=None: None,
+                 SVIConfig(batch_size=4, max_epochs=3, validate_args=mode)).fit((torch.zeros(4),))
+    assert seen == expected
+    with pytest.raises(ValueError, match="validate_args"):
+        SVIConfig(validate_args="sometimes")
