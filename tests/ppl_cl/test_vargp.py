@@ -335,6 +335,29 @@ def test_split_digits_quick_run_writes_its_outputs(tmp_path):
     assert restored.num_updates == 5
 
 
+def test_seen_validation_scores_every_task_so_far(tmp_path, monkeypatch):
+    """validation="seen": the batch given to task t's early stopping is the union of the
+    validation images of tasks 1..t; "task" gives task t's alone; other values are refused."""
+    from ppl_cl.experiments.base import ConfigError, run_experiment
+
+    seen = {}
+    real_update = VARGP.update
+
+    def spy(self, batch, validation=None):
+        seen.setdefault(mode, []).append(sorted(set(np.asarray(validation.y).tolist())))
+        return real_update(self, batch, validation=validation)
+
+    monkeypatch.setattr(VARGP, "update", spy)
+    for mode in ("task", "seen"):
+        run_experiment("vargp-split-digits", quick=True, out=tmp_path / mode, show_progress=False,
+                       overrides={"ablations": "[]", "max_epochs": "1", "validation": mode})
+    assert seen["task"] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    assert seen["seen"] == [list(range(2 * (t + 1))) for t in range(5)]
+    with pytest.raises((ValueError, ConfigError), match="validation"):
+        run_experiment("vargp-split-digits", quick=True, out=tmp_path / "bad",
+                       show_progress=False, overrides={"ablations": "[]", "validation": "all"})
+
+
 def test_stopped_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
     """A run killed mid-stream (here: in the ablation's third task) and continued with
     ``resume=True`` gives the same accuracy matrices and training records as a run that was
