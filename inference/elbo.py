@@ -8,10 +8,12 @@
   KL those are never used. Here a log-density is computed only where the loss needs it:
   observed sites (the likelihood, ``pyro.factor``), latent sites without an analytic KL (the
   sampled fallback ``log p - log q``) and auxiliary guide sites;
-* a latent site whose model distribution *is* the guide's contributes ``KL[q || q] = 0`` with
+* a latent site whose model distribution is the guide's contributes ``KL[q || q] = 0`` with
   zero gradient, so nothing is computed for it. The program says so with
   ``pyro.sample(name, fn, infer={"shared_factor": True})`` in the guide (Pyro's ``replay``
-  hands the guide's ``infer`` dict to the model's site) and, for the reader, in the model.
+  hands the guide's ``infer`` dict to the model's site) and, for the reader, in the model. (An
+  identity test of the two distribution objects cannot do this: Pyro's plates replace each
+  site's distribution by an expanded copy.)
   VAR-GP's model repeats the guide's factors ``q(u_j | u_<j, theta)`` of earlier tasks (the
   ``q(u_<t | theta)`` of eqs. 6-7 in Kapoor et al. 2021, identical in model and guide); without
   this their cost would grow with the number of tasks for terms that are exactly zero.
@@ -98,7 +100,7 @@ class LazyTraceMeanField_ELBO(TraceMeanField_ELBO):
                 elbo = elbo + _scaled_log_prob_sum(model_site)
                 continue
             guide_site = guide_trace.nodes[name]
-            if guide_site["fn"] is model_site["fn"] or _shared(model_site, guide_site):
+            if _shared(model_site, guide_site):
                 continue  # KL[q || q] = 0, and so is its gradient
             try:
                 kl = kl_divergence(guide_site["fn"], model_site["fn"])

@@ -33,6 +33,7 @@ is the loop over epochs and minibatches built on them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
@@ -56,6 +57,15 @@ class NonFiniteLossError(FloatingPointError):
 
 
 _NON_FINITE = re.compile(r"(?<![A-Za-z])(nan|inf)(?![A-Za-z])")
+
+
+@contextlib.contextmanager
+def _no_nan_warnings():
+    """Silence Pyro's "Encountered NaN" warnings (loss and backward hook): the finite-loss guard
+    of :meth:`ContinualSVI.step` raises the clear error instead."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Encountered NaN", category=UserWarning)
+        yield
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,10 +233,7 @@ class ContinualSVI:
         opt.zero_grad(set_to_none=True)
         where = where or f"step {state.step + 1}"
         try:
-            with pyro.validation_enabled(self._validating(state.step)), \
-                    warnings.catch_warnings():
-                # Pyro's "Encountered NaN: loss" warning: the guard below raises the clear error
-                warnings.filterwarnings("ignore", message="Encountered NaN", category=UserWarning)
+            with pyro.validation_enabled(self._validating(state.step)), _no_nan_warnings():
                 loss = self._loss(*args, **kwargs)
         except ValueError as err:
             # Pyro's distribution validation meets the NaN first (e.g. a NaN logit)
@@ -239,8 +246,7 @@ class ContinualSVI:
             raise NonFiniteLossError(
                 f"SVI loss became {float(loss.detach())} at {where}; the parameters keep their "
                 f"last finite values. Lower the learning rate or check the data/initialization.")
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Encountered NaN", category=UserWarning)
+        with _no_nan_warnings():
             loss.backward()
         grads = [p.grad for p in state.params.values() if p.grad is not None]
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) \
