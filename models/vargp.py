@@ -41,7 +41,10 @@ Ablations (Sect. 5.3, App. B.1) are options of the same program:
   ``u_t ~ p(u_t | theta)`` and adds the factor ``previous_posterior`` =
   ``E_{p(u_{t-1} | u_t, theta)}[log q(u_{t-1}) - log p(u_{t-1} | theta)]``;
 * ``hyperparameters="point"`` — the "MLE hypers" ablation: ``theta`` is a ``pyro.param`` of the
-  model (no KL term for it in eq. 5 or eq. 8), carried over from task to task.
+  model (no KL term for it in eq. 5 or eq. 8), carried over from task to task;
+* ``hyperparameters="fixed"`` — a diagnostic, not a row of Table 1: ``theta`` is a constant (its
+  initial value) that no task trains, which isolates the forgetting caused by moving
+  hyperparameters (the paper's remark (ii) in Sect. 4.3: old ``q(u_j)`` change through ``theta``).
 
 Print the program with ``pyro.poutine.trace(m.model).get_trace(x, y).format_shapes()``.
 """
@@ -70,7 +73,7 @@ __all__ = ["VARGPModel", "SoftmaxLikelihood", "GaussianLikelihood", "GUIDES",
            "InducingSet", "HyperPosterior"]
 
 GUIDES = ("autoregressive", "block_diagonal", "global")
-HYPERPARAMETER_MODES = ("variational", "point")
+HYPERPARAMETER_MODES = ("variational", "point", "fixed")
 MAX_PLATE_NESTING = 3  # theta_samples (-3), f_samples (-2), classes / data (-1)
 
 
@@ -235,7 +238,8 @@ class VARGPModel:
         hyper_init: initial ``q_t(theta)`` (:class:`HyperPosterior`) or, for
             ``hyperparameters="point"``, the initial ``theta`` tensor ``(H, D+1)``.
         guide: ``"autoregressive"`` (VAR-GP), ``"block_diagonal"`` or ``"global"``.
-        hyperparameters: ``"variational"`` (q(theta)) or ``"point"`` (MLE ablation).
+        hyperparameters: ``"variational"`` (q(theta)), ``"point"`` (MLE ablation) or ``"fixed"``
+            (``hyper_init`` as a constant theta; diagnostic).
         likelihood: :class:`SoftmaxLikelihood` (default) or :class:`GaussianLikelihood`.
         beta: KL tempering factor of ``KL[q_t(theta) || q_{t-1}(theta)]`` (Sect. 4.2).
         num_theta_samples: S draws of theta per ELBO evaluation (ref: 3); 1 for point hypers.
@@ -276,7 +280,7 @@ class VARGPModel:
             raise ValueError(f"likelihood has {self.likelihood.num_outputs} output(s) but "
                              f"num_classes={self.num_classes}")
         self.beta = float(beta)
-        self.num_theta_samples = 1 if hyperparameters == "point" else int(num_theta_samples)
+        self.num_theta_samples = 1 if hyperparameters != "variational" else int(num_theta_samples)
         self.jitter = float(jitter)
         self.learn_inducing_inputs = bool(learn_inducing_inputs)
         dtype, device = init.mean.dtype, init.mean.device
@@ -286,7 +290,7 @@ class VARGPModel:
                           else torch.zeros(1, self.input_dim + 1, dtype=dtype, device=device))
         if hyperparameters == "variational" and not isinstance(hyper_init, HyperPosterior):
             raise TypeError("hyper_init: expected a HyperPosterior for variational hypers")
-        if hyperparameters == "point" and isinstance(hyper_init, HyperPosterior):
+        if hyperparameters != "variational" and isinstance(hyper_init, HyperPosterior):
             hyper_init = hyper_init.loc
         self.hyper_init = (hyper_init.detach() if isinstance(hyper_init, HyperPosterior)
                            else hyper_init.detach().clone())
@@ -315,6 +319,8 @@ class VARGPModel:
     def _theta(self, role: str) -> tuple[Tensor, Tensor]:
         """Sample (or look up) theta; returns the site value (the cache key) and theta as
         ``(S, 1, H, D+1)``."""
+        if self.hyperparameters == "fixed":
+            return self.hyper_init, self.hyper_init.expand(1, 1, *self.hyper_init.shape)
         if self.hyperparameters == "point":
             theta = pyro.param("theta", self.hyper_init.clone())
             return theta, theta.expand(1, 1, *theta.shape)
@@ -441,6 +447,8 @@ class VARGPModel:
     # -- reading the result ------------------------------------------------------------------
     def current_hyper(self) -> HyperPosterior | Tensor:
         """``q_t(theta)`` (or the point theta) from the param store, detached."""
+        if self.hyperparameters == "fixed":
+            return self.hyper_init.clone()
         if self.hyperparameters == "point":
             return pyro.param("theta", self.hyper_init.clone()).detach().clone()
         return HyperPosterior(

@@ -52,7 +52,9 @@ class VARGP(Learner):
         inducing_per_task: M per task and class (ref: 60 Split MNIST, 100 Permuted MNIST,
             20 toy).
         guide: ``"autoregressive"`` (VAR-GP), ``"block_diagonal"`` or ``"global"`` (ablations).
-        hyperparameters: ``"variational"`` (q(theta), prior N(0, I)) or ``"point"`` (MLE).
+        hyperparameters: ``"variational"`` (q(theta), prior N(0, I)), ``"point"`` (MLE) or
+            ``"fixed"`` (theta stays at its initial value; a diagnostic of forgetting through
+            theta, not a Table 1 row).
         beta: tempering of ``KL[q_t(theta) || q_{t-1}(theta)]`` (ref: 10 Split, 1.64 Permuted,
             1 toy).
         learning_rate, batch_size, max_epochs, patience, tolerance: Algorithm 1 (ref: Yogi,
@@ -169,7 +171,7 @@ class VARGP(Learner):
         if self.config["theta_init"] == "median":
             loc = median_heuristic_theta(x, self._num_hyper_sets(),
                                          generator=torch.Generator().manual_seed(self._seed(5)))
-        if self.config["hyperparameters"] == "point":
+        if self.config["hyperparameters"] != "variational":
             return loc
         return HyperPosterior(loc, prior.scale * self.config["theta_init_scale"])
 
@@ -250,7 +252,7 @@ class VARGP(Learner):
         except BaseException:
             self.input_dim = input_dim_before
             raise
-        new_set, new_hyper = self._from_params(result.params, init)
+        new_set, new_hyper = self._from_params(result.params, init, hyper_init)
         # commit (nothing above touched the state except input_dim)
         self.tasks = [new_set] if c["guide"] == "global" else [*self.tasks, new_set]
         self.hyper = new_hyper
@@ -267,10 +269,13 @@ class VARGP(Learner):
         self.history.append(record)
         return record
 
-    def _from_params(self, params: dict[str, torch.Tensor], init: InducingSet
+    def _from_params(self, params: dict[str, torch.Tensor], init: InducingSet,
+                     hyper_init: HyperPosterior | torch.Tensor
                      ) -> tuple[InducingSet, HyperPosterior | torch.Tensor]:
         Z = params.get("inducing_inputs", init.inducing_inputs)
         new_set = InducingSet(Z, params["inducing_mean"], params["inducing_scale_tril"]).detach()
+        if self.config["hyperparameters"] == "fixed":
+            return new_set, hyper_init.detach().clone()
         if self.config["hyperparameters"] == "point":
             return new_set, params["theta"].detach().clone()
         return new_set, HyperPosterior(params["theta_loc"], params["theta_scale"]).detach()
@@ -315,7 +320,7 @@ class VARGP(Learner):
             hyper_val = conv(hyper["theta"])
         else:
             hyper_val = HyperPosterior(conv(hyper["loc"]), conv(hyper["scale"]))
-        point = self.config["hyperparameters"] == "point"
+        point = self.config["hyperparameters"] != "variational"
         if hyper_val is not None and isinstance(hyper_val, HyperPosterior) == point:
             raise ValueError("state: hyperparameters do not match the config "
                              f"(hyperparameters={self.config['hyperparameters']!r})")

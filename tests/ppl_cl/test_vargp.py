@@ -177,6 +177,46 @@ def test_load_state_dict_rejects_mismatched_hyperparameters(blobs):
         b.load_state_dict(a.state_dict())
 
 
+def test_fixed_hyperparameters_stay_at_their_start(blobs):
+    """hyperparameters="fixed" (diagnostic): theta is the median-heuristic start on every task
+    (no theta site, no theta param), saved and loaded like a point theta."""
+    learner = VARGP(4, **{**SMALL, "max_epochs": 3}, hyperparameters="fixed")
+    learner.update(blobs["train"][0])
+    theta1 = learner.hyper.clone()
+    assert theta1.shape == (1, 3) and float(theta1[0, 0]) == 0.0       # log gamma = 0
+    assert float(theta1[0, 1]) != 0.0                                   # median heuristic
+    learner.update(blobs["train"][1])
+    torch.testing.assert_close(learner.hyper, theta1, rtol=0, atol=0)
+    other = VARGP(4, **{**SMALL, "max_epochs": 3}, hyperparameters="fixed")
+    other.load_state_dict(learner.state_dict())
+    np.testing.assert_array_equal(other.predict(blobs["xt"]).probs,
+                                  learner.predict(blobs["xt"]).probs)
+    idata = learner.to_inference_data(num_draws=4, seed=0)
+    assert idata.posterior["log_lengthscale"].shape[1] == 4
+
+
+def test_fixed_hyperparameters_program_has_no_theta_site_or_param():
+    import pyro
+    from pyro import poutine
+
+    from models.vargp import InducingSet, VARGPModel
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 2, generator=gen)
+    y = torch.randint(3, (8,), generator=gen)
+    init = InducingSet(torch.randn(3, 4, 2, generator=gen), torch.zeros(3, 4),
+                       torch.eye(4).expand(3, 4, 4).clone())
+    theta = torch.tensor([[0.0, 0.3, -0.2]])
+    m = VARGPModel(num_classes=3, past=[], init=init, hyper_init=theta,
+                   hyperparameters="fixed")
+    pyro.clear_param_store()
+    tr = poutine.trace(m.guide).get_trace(x, y)
+    assert "theta" not in tr.nodes
+    assert not [n for n in pyro.get_param_store().keys() if n.startswith("theta")]
+    torch.testing.assert_close(m.current_hyper(), theta)
+    assert m.num_theta_samples == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # bad input: clear errors, state unchanged
 # ---------------------------------------------------------------------------------------------
@@ -325,6 +365,7 @@ def test_split_digits_quick_run_writes_its_outputs(tmp_path):
                              show_progress=False)
     s = metrics["summary"]
     assert 0 <= s["final_avg_accuracy"] <= 100 and s["num_tasks"] == 5
+    assert 0 <= s["final_avg_validation_accuracy"] <= 100
     R = np.array(metrics["variants"]["var_gp"]["accuracy_matrix"], dtype=float)
     assert R.shape == (5, 5) and np.isfinite(R).all()
     for name in ("metrics.json", "config.json", "vargp.npz", "posterior.nc",
@@ -333,6 +374,35 @@ def test_split_digits_quick_run_writes_its_outputs(tmp_path):
         assert (tmp_path / name).exists(), name
     restored = Learner.load(tmp_path / "vargp.npz")
     assert restored.num_updates == 5
+
+
+def test_run_stream_scores_the_final_learner_on_every_validation_set(blobs):
+    """final_avg_validation_accuracy is the final learner's mean accuracy over the per-task
+    validation batches: given the test sets as validation data it equals final_avg_accuracy."""
+    from ppl_cl.experiments.vargp import run_stream
+
+    class Ctx:
+        def load_checkpoint(self, key):
+            return None
+
+        def save_checkpoint(self, key, state):
+            pass
+
+        def log(self, line):
+            pass
+
+        def progress(self, it, **kw):
+            return it
+
+    tasks = [Task(t.x, t.y, task_id=i) for i, t in enumerate(blobs["train"][:2])]
+    splits = [type("S", (), {"train": t, "test": v, "task_id": i})()
+              for i, (t, v) in enumerate(zip(tasks, blobs["valid"][:2]))]
+    out = run_stream(splits, None, 4, {**SMALL, "max_epochs": 2}, Ctx(),
+                     task_valids=[s.test for s in splits])
+    assert out["final_avg_validation_accuracy"] == pytest.approx(out["final_avg_accuracy"],
+                                                                 abs=1e-9)
+    assert run_stream(splits, None, 4, {**SMALL, "max_epochs": 1}, Ctx()
+                      )["final_avg_validation_accuracy"] is None
 
 
 def test_seen_validation_scores_every_task_so_far(tmp_path, monkeypatch):
