@@ -67,7 +67,10 @@ class VARGP(Learner):
             (:func:`models.vargp.median_heuristic_theta`; needed on MNIST, where l = 1 makes
             every kernel value vanish), log-variance 0 — or ``"prior"`` (all zeros, the prior
             mean). The prior stays N(0, I) either way. Later tasks start from q_{t-1}(theta).
-        theta_init_scale: initial standard deviation of q_1(theta).
+        theta_init_scale: initial standard deviation of q_1(theta), as a multiple of the prior's
+            (1). It matters: with few optimizer steps per task q(theta)'s scale stays near it and
+            sets how tightly later tasks hold theta (Split MNIST uses 1e-3, chosen on validation
+            data; ``benchmarks/results/vargp_split_mnist_theta_init_scale.md``).
         per_class_hyperparameters: one theta per class GP instead of one shared theta.
         per_class_inducing_inputs: independent ``Z_t`` per class GP (reference code) or one
             ``Z_t`` shared by the K GPs.
