@@ -231,9 +231,8 @@ def run_stream(tasks, valids, num_classes: int, learner_kwargs: dict[str, Any],
     task_valids = valids if task_valids is None else task_valids
     final_valid = None
     if task_valids:
-        final_valid = 100 * float(np.mean([
-            np.mean(learner.predict(v.x).probs.argmax(-1) == np.asarray(v.y))
-            for v in task_valids]))
+        final_valid = 100 * float(np.mean([learner.predict(v.x).accuracy(v.y)
+                                           for v in task_valids]))
     return {"learner": learner, "accuracy_matrix": R,
             "entropy_matrix": predictive_entropy_matrix(H, num_classes),
             "final_avg_validation_accuracy": final_valid,
