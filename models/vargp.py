@@ -62,14 +62,16 @@ from pyro.distributions import constraints
 from torch import Tensor
 
 from models.kernels_torch import squared_distance
-from models.vargp_math import (HyperPosterior, InducingSet, concat_inducing_inputs,
+from models.linalg_torch import jitter_cholesky
+from models.vargp_math import (HyperPosterior, InducingSet, autoregressive_joint,
+                               concat_inducing_inputs,
                                conditional_prior_mean, f_marginals, previous_posterior_term,
                                prior_cholesky, task_slices, whitened_posterior)
 
 __all__ = ["VARGPModel", "SoftmaxLikelihood", "GaussianLikelihood", "GUIDES",
            "HYPERPARAMETER_MODES", "init_inducing_set", "standard_hyper_prior",
            "predictive_probabilities", "f_marginals_of_state", "posterior_factors", "prior_conditional_scale_tril",
-           "median_heuristic_theta",
+           "median_heuristic_theta", "carry_forward_global_set",
            "InducingSet", "HyperPosterior"]
 
 GUIDES = ("autoregressive", "block_diagonal", "global")
@@ -220,6 +222,56 @@ def prior_conditional_scale_tril(theta: Tensor, past: Sequence[InducingSet],
     L = prior_cholesky(theta.expand(1, 1, *theta.shape), concat_inducing_inputs(sets), jitter)
     L_tt = L[0, 0, ..., -M:, -M:]
     return L_tt.expand(num_classes, M, M).clone()
+
+
+def carry_forward_global_set(x: Tensor, previous: InducingSet, theta: Tensor, num_inducing: int,
+                             keep: int, *, jitter: float,
+                             generator: torch.Generator | None = None) -> InducingSet:
+    """Initial ``Z_t, m_t, L_t`` of the global-inducing-point ablation at task ``t > 1`` when
+    the single set is carried forward (``VARGP(global_init="previous")``).
+
+    App. B.1 does not say where ``Z_t`` starts; Algorithm 1's "random subset of the task's
+    inputs" throws the old inducing inputs away, and the previous posterior can then reach the
+    new set only through small kernel correlations between tasks. Here, as in the streaming
+    sparse GP of Bui et al. (2017), whose bound eq. 16 is, the new inducing inputs start from old
+    inducing inputs and new data: ``keep`` of ``Z_{t-1}``'s rows (a random subset per class GP)
+    followed by ``num_inducing - keep`` random inputs of the task. ``q(u_t)`` starts at the
+    previous posterior carried to ``Z_t``,
+
+        q(u_t) = int p(u_t | u_{t-1}, theta) q(u_{t-1}) du_{t-1}
+               = N(A m_{t-1}, C + A S_{t-1} A^T),  A = K_{t,t-1} K_{t-1,t-1}^{-1},
+
+    the last block of the closed-form joint (eq. 22) with a zero-mean factor whose covariance is
+    the prior conditional ``C``, at a point ``theta`` (e.g. the mean of ``q_{t-1}(theta)``).
+
+    Args:
+        x: the task's inputs ``(N, D)``; previous: ``q(u_{t-1})`` with ``Z_{t-1}`` ``(Kz, M', D)``.
+        theta: ``(H, D + 1)``; num_inducing: ``M`` of the new set; keep: ``0 <= keep <= min(M,
+            M')`` rows of ``Z_{t-1}`` to keep.
+        generator: a CPU ``torch.Generator`` (explicit seed).
+    """
+    Z_old = previous.inducing_inputs
+    Kz, M_old = Z_old.shape[0], Z_old.shape[-2]
+    if not 0 <= keep <= min(num_inducing, M_old):
+        raise ValueError(f"keep: expected 0 <= keep <= {min(num_inducing, M_old)}, received "
+                         f"{keep}")
+    K = previous.mean.shape[0]
+    rows = [torch.randperm(M_old, generator=generator)[:keep].to(Z_old.device)
+            for _ in range(Kz)]
+    kept = torch.stack([Z_old[k, r] for k, r in enumerate(rows)])          # (Kz, keep, D)
+    parts = [kept]
+    if num_inducing > keep:
+        fresh = init_inducing_set(x, K, num_inducing - keep, per_class_inputs=Kz > 1,
+                                  generator=generator).inducing_inputs
+        parts.append(fresh)
+    Z = torch.cat(parts, dim=-2).to(previous.mean.dtype)
+    zero = InducingSet(Z, previous.mean.new_zeros(K, num_inducing),
+                       prior_conditional_scale_tril(theta, [previous], Z, K, jitter))
+    mu, Sigma = autoregressive_joint(theta.expand(1, 1, *theta.shape), [previous, zero], jitter)
+    mean = mu[0, 0, :, -num_inducing:]
+    cov = Sigma[0, 0, :, -num_inducing:, -num_inducing:]
+    scale = jitter_cholesky(cov, name="carried-forward covariance of u_t")
+    return InducingSet(Z.clone(), mean.clone(), scale.clone())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -85,7 +85,12 @@ class StreamConfig:
     ``ablations`` takes the Table 1 rows (``block_diag``, ``mle_hypers``, ``global``, the
     default) and ``fixed_hypers``, a diagnostic that is not in the paper: VAR-GP with theta held
     at its starting point on every task (``VARGP(hyperparameters="fixed")``), which shows how much
-    forgetting comes through the hyperparameters."""
+    forgetting comes through the hyperparameters.
+
+    ``global_init`` is where the global ablation's single inducing set starts on each later
+    task (``VARGP(global_init=...)``): ``"task"`` (Algorithm 1, line 1) or ``"previous"``
+    (old inducing inputs plus new data, q(u_t) at the carried-forward previous posterior, as the
+    streaming sparse GP of Bui et al. 2017)."""
 
     inducing_per_task: int = 60
     learning_rate: float = 3e-3
@@ -107,6 +112,7 @@ class StreamConfig:
     per_class_inducing_inputs: bool = True
     theta_init: str = "median"
     theta_init_scale: float = 0.1
+    global_init: str = "task"
     dtype: str = "float32"
     posterior_draws: int = 100
 
@@ -178,7 +184,7 @@ def _learner_kwargs(config: StreamConfig, ctx: RunContext, variant: str) -> dict
                 num_predict_samples=config.num_predict_samples,
                 per_class_inducing_inputs=config.per_class_inducing_inputs,
                 theta_init=config.theta_init, theta_init_scale=config.theta_init_scale,
-                dtype=config.dtype, seed=ctx.seed,
+                global_init=config.global_init, dtype=config.dtype, seed=ctx.seed,
                 device=ctx.device, progress=ctx.show_progress, **VARIANTS[variant])
 
 

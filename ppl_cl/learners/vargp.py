@@ -21,7 +21,8 @@ import torch
 
 from inference.svi import ContinualSVI, SVIConfig
 from models.vargp import (GUIDES, HYPERPARAMETER_MODES, MAX_PLATE_NESTING, HyperPosterior,
-                          InducingSet, SoftmaxLikelihood, VARGPModel, init_inducing_set,
+                          InducingSet, SoftmaxLikelihood, VARGPModel, carry_forward_global_set,
+                          init_inducing_set,
                           median_heuristic_theta, posterior_factors, predictive_probabilities,
                           prior_conditional_scale_tril, standard_hyper_prior)
 from models.vargp_math import concat_inducing_inputs, f_marginals, task_slices
@@ -80,6 +81,13 @@ class VARGP(Learner):
             whitened coordinates) — or ``"identity"`` (the paper's words; equal to "prior" when
             ``K_ZZ = I``, but a huge initial KL when inducing inputs are close; see
             :func:`models.vargp.prior_conditional_scale_tril`).
+        global_init: where the single inducing set of ``guide="global"`` starts at task
+            ``t > 1``: ``"task"`` — a random subset of task t's inputs with ``q(u_t)`` at the
+            prior (Algorithm 1, line 1, as for every other guide) — or ``"previous"`` — a random
+            ``round(M (t-1) / t)`` rows of ``Z_{t-1}`` (so every task seen keeps about M / t of
+            the M inducing inputs) plus fresh task inputs, with ``q(u_t)`` at the previous
+            posterior carried to them (:func:`models.vargp.carry_forward_global_set`; the
+            streaming sparse GP of Bui et al. 2017). App. B.1 does not say which.
         jitter: relative jitter on ``K_ZZ`` (None: 1e-5 in float32, 1e-8 in float64).
         optimizer: ``"yogi"`` (paper) or ``"adam"``.
         seed: seeds inducing-point initialization, minibatches and every Monte Carlo draw.
@@ -98,7 +106,7 @@ class VARGP(Learner):
                  theta_init_scale: float = 0.1,
                  per_class_hyperparameters: bool = False, per_class_inducing_inputs: bool = True,
                  learn_inducing_inputs: bool = True, scale_tril_init: str = "prior",
-                 jitter: float | None = None,
+                 global_init: str = "task", jitter: float | None = None,
                  optimizer: str = "yogi", seed: int = 0, device: str = "cpu",
                  dtype: str = "float32", progress: bool | None = None):
         if not isinstance(num_classes, (int, np.integer)) or num_classes < 2:
@@ -121,6 +129,9 @@ class VARGP(Learner):
         if scale_tril_init not in ("prior", "identity"):
             raise ValueError(f"scale_tril_init: expected 'prior' or 'identity', received "
                              f"{scale_tril_init!r}")
+        if global_init not in ("task", "previous"):
+            raise ValueError(f"global_init: expected 'task' or 'previous', received "
+                             f"{global_init!r}")
         if not theta_init_scale > 0:
             raise ValueError(f"theta_init_scale: expected > 0, received {theta_init_scale}")
         super().__init__(num_classes=int(num_classes), inducing_per_task=int(inducing_per_task),
@@ -134,7 +145,8 @@ class VARGP(Learner):
                          per_class_hyperparameters=bool(per_class_hyperparameters),
                          per_class_inducing_inputs=bool(per_class_inducing_inputs),
                          learn_inducing_inputs=bool(learn_inducing_inputs),
-                         scale_tril_init=scale_tril_init, jitter=jitter,
+                         scale_tril_init=scale_tril_init, global_init=global_init,
+                         jitter=jitter,
                          optimizer=optimizer, seed=int(seed), device=str(device), dtype=dtype,
                          progress=progress)
         self._svi_config(1)  # validates the engine settings now, not at the first update
@@ -227,7 +239,14 @@ class VARGP(Learner):
                                      generator=torch.Generator().manual_seed(self._seed(2, t)))
             past = self.tasks[-1:] if c["guide"] == "global" else self.tasks
             hyper_init = self._initial_hyper(x)
-            if c["scale_tril_init"] == "prior":
+            carry = c["guide"] == "global" and c["global_init"] == "previous" and bool(past)
+            if carry:
+                M = c["inducing_per_task"]
+                init = carry_forward_global_set(
+                    x, past[0], _theta_mean(hyper_init), M, keep=round(M * (t - 1) / t),
+                    jitter=self.jitter,
+                    generator=torch.Generator().manual_seed(self._seed(2, t)))
+            elif c["scale_tril_init"] == "prior":
                 theta0 = _theta_mean(hyper_init)
                 init = init._replace(scale_tril=prior_conditional_scale_tril(
                     theta0, [] if c["guide"] == "global" else past, init.inducing_inputs, K,

@@ -14,8 +14,8 @@ import torch
 from pyro.infer import TraceMeanField_ELBO
 
 from models.vargp import (GaussianLikelihood, HyperPosterior, InducingSet, SoftmaxLikelihood,
-                          VARGPModel, f_marginals_of_state, init_inducing_set,
-                          predictive_probabilities)
+                          VARGPModel, carry_forward_global_set, f_marginals_of_state,
+                          init_inducing_set, predictive_probabilities)
 from models.vargp_math import (autoregressive_joint, autoregressive_kl,
                                block_diagonal_expected_kl, concat_inducing_inputs, gaussian_kl,
                                kernel_from_theta, previous_posterior_term, prior_cholesky,
@@ -422,6 +422,43 @@ def test_init_inducing_set_draws_task_inputs():
     assert torch.equal(s.mean, torch.zeros(3, 5, dtype=DT))
     shared = init_inducing_set(x, 3, 5, per_class_inputs=False)
     assert shared.inducing_inputs.shape == (1, 5, 2)
+
+
+def test_carry_forward_global_set_matches_dense_conditional():
+    """q(u_t) = int p(u_t | u_{t-1}) q(u_{t-1}) = N(A m, K_nn - A K_on + A S A^T), A = K_no K_oo^-1,
+    against explicit inverses of the dense kernel; kept rows are old inducing inputs, the rest
+    task inputs; keeping every old input gives back q(u_{t-1}) (reordered)."""
+    gen = torch.Generator().manual_seed(3)
+    K, D, M_old, M, keep = 2, 2, 4, 5, 2
+    old = _random_set(K, M_old, D, gen=gen)
+    theta = 0.3 * torch.randn(1, D + 1, generator=gen, dtype=DT)
+    x = torch.randn(30, D, generator=gen, dtype=DT)
+    jit = 1e-8
+    s = carry_forward_global_set(x, old, theta, M, keep, jitter=jit,
+                                 generator=torch.Generator().manual_seed(0))
+    assert s.inducing_inputs.shape == (K, M, D) and s.mean.shape == (K, M)
+    gamma = float(theta[0, 0].exp())
+    for k in range(K):
+        Z, Zo = s.inducing_inputs[k], old.inducing_inputs[k]
+        old_rows = {tuple(r.tolist()) for r in Zo}
+        x_rows = {tuple(r.tolist()) for r in x}
+        assert all(tuple(z.tolist()) in old_rows for z in Z[:keep])
+        assert all(tuple(z.tolist()) in x_rows for z in Z[keep:])
+        K_oo = _kernel_dense(theta[0], Zo, Zo) + jit * gamma * torch.eye(M_old, dtype=DT)
+        K_nn = _kernel_dense(theta[0], Z, Z) + jit * gamma * torch.eye(M, dtype=DT)
+        K_no = _kernel_dense(theta[0], Z, Zo)
+        A = K_no @ torch.linalg.inv(K_oo)
+        S_o = old.scale_tril[k] @ old.scale_tril[k].T
+        cov = K_nn - A @ K_no.T + A @ S_o @ A.T
+        torch.testing.assert_close(s.mean[k], A @ old.mean[k], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(s.scale_tril[k] @ s.scale_tril[k].T, cov, atol=1e-6,
+                                   rtol=1e-6)
+    every = carry_forward_global_set(x, old, theta, M_old, M_old, jitter=jit,
+                                     generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(every.mean.sort(-1).values, old.mean.sort(-1).values, atol=1e-6,
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match="keep"):
+        carry_forward_global_set(x, old, theta, M, M_old + 1, jitter=jit)
 
 
 def test_bad_options_raise():

@@ -142,6 +142,32 @@ def test_ablation_options_run(blobs, options):
     np.testing.assert_allclose(learner.predict(blobs["xt"]).probs.sum(1), 1.0, atol=1e-12)
 
 
+def test_global_previous_init_keeps_old_inducing_inputs(blobs):
+    """global_init="previous": task 2 starts from round(M / 2) rows of Z_1 per class GP plus
+    task-2 inputs, and q(u_2) from q(u_1) carried to them; "task" draws task-2 inputs only."""
+    opts = {**SMALL, "max_epochs": 2, "learn_inducing_inputs": False}
+    carried = VARGP(4, guide="global", global_init="previous", **opts)
+    fresh = VARGP(4, guide="global", **opts)
+    for learner in (carried, fresh):
+        learner.update(blobs["train"][0])
+    Z1 = carried.tasks[0].inducing_inputs.clone()
+    assert torch.equal(Z1, fresh.tasks[0].inducing_inputs)  # task 1 is the same for both
+    for learner in (carried, fresh):
+        learner.update(blobs["train"][1])
+    task2 = {tuple(r) for r in np.asarray(blobs["train"][1].x).tolist()}
+    keep = round(5 / 2)
+    for k in range(4):
+        old = {tuple(r) for r in Z1[k].tolist()}
+        Zc = carried.tasks[0].inducing_inputs[k].tolist()
+        assert all(tuple(z) in old for z in Zc[:keep])
+        assert all(tuple(z) in task2 for z in Zc[keep:])
+        assert all(tuple(z) in task2 for z in fresh.tasks[0].inducing_inputs[k].tolist())
+    assert carried.config["global_init"] == "previous"
+    np.testing.assert_allclose(carried.predict(blobs["xt"]).probs.sum(1), 1.0, atol=1e-12)
+    with pytest.raises(ValueError, match="global_init"):
+        VARGP(4, guide="global", global_init="old")
+
+
 # ---------------------------------------------------------------------------------------------
 # save after task t + load + continue == uninterrupted
 # ---------------------------------------------------------------------------------------------
