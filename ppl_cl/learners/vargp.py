@@ -234,23 +234,22 @@ class VARGP(Learner):
         input_dim_before = self.input_dim
         self.input_dim = batch.input_dim  # needed by _initial_hyper; restored on failure
         try:
-            init = init_inducing_set(x, K, c["inducing_per_task"],
-                                     per_class_inputs=c["per_class_inducing_inputs"],
-                                     generator=torch.Generator().manual_seed(self._seed(2, t)))
             past = self.tasks[-1:] if c["guide"] == "global" else self.tasks
             hyper_init = self._initial_hyper(x)
-            carry = c["guide"] == "global" and c["global_init"] == "previous" and bool(past)
-            if carry:
-                M = c["inducing_per_task"]
+            M = c["inducing_per_task"]
+            generator = torch.Generator().manual_seed(self._seed(2, t))
+            if c["guide"] == "global" and c["global_init"] == "previous" and past:
                 init = carry_forward_global_set(
                     x, past[0], _theta_mean(hyper_init), M, keep=round(M * (t - 1) / t),
-                    jitter=self.jitter,
-                    generator=torch.Generator().manual_seed(self._seed(2, t)))
-            elif c["scale_tril_init"] == "prior":
-                theta0 = _theta_mean(hyper_init)
-                init = init._replace(scale_tril=prior_conditional_scale_tril(
-                    theta0, [] if c["guide"] == "global" else past, init.inducing_inputs, K,
-                    self.jitter))
+                    jitter=self.jitter, generator=generator)
+            else:
+                init = init_inducing_set(x, K, M,
+                                         per_class_inputs=c["per_class_inducing_inputs"],
+                                         generator=generator)
+                if c["scale_tril_init"] == "prior":
+                    init = init._replace(scale_tril=prior_conditional_scale_tril(
+                        _theta_mean(hyper_init), [] if c["guide"] == "global" else past,
+                        init.inducing_inputs, K, self.jitter))
             program = VARGPModel(
                 num_classes=K, past=past, init=init,
                 hyper_prior=self.hyper if isinstance(self.hyper, HyperPosterior) else None,
