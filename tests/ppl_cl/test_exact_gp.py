@@ -40,6 +40,10 @@ def test_matches_sklearn_at_fixed_hyperparameters(kernel, sk_kernel):
     np.testing.assert_allclose(noisy.variance, std_ref**2 + 0.03, rtol=1e-8)
 
 
+# scikit-learn >= 1.9 with scipy 1.17 warns that the reference's L-BFGS-B ended 'ABNORMAL' (a line
+# search that cannot improve at the optimum); its value still matches ours to 2e-9, which the
+# assertions below check. The warning is about the reference, not about our fit.
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_type2_fit_matches_sklearn_optimum():
     gp = ExactGP(kernel="se-ard")
     rec = gp.update(Batch(X, Y))
