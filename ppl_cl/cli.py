@@ -137,7 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     rr = sub.add_parser("report", parents=[common],
                         help="the reproduce table from finished run folders (mean ± std)")
-    rr.add_argument("run_dirs", nargs="+", help="folders written by `ppl-cl run`")
+    rr.add_argument("run_dirs", nargs="+",
+                    help="folders written by `ppl-cl run`, or an earlier report's "
+                         "reproduce.json (its seeds join their groups)")
     rr.add_argument("--out", default="runs/report")
 
     d = sub.add_parser("data", parents=[common], help="datasets: where they are, checksums")

@@ -10,7 +10,8 @@ reported and makes the command exit non-zero.
 
 ``ppl-cl report RUN_DIR ...`` (:func:`collect`) builds the same table from run folders that
 already exist (``ppl-cl run`` on several machines, one seed per job): runs of the same
-experiment, size and ``--set`` overrides are aggregated over their seeds.
+experiment, size and ``--set`` overrides are aggregated over their seeds. An earlier report's
+``reproduce.json`` may be given in place of folders, to pool seeds run in different sessions.
 """
 
 from __future__ import annotations
@@ -144,17 +145,53 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
     return {"results": results, "failed": failed}
 
 
+def _groups_from_report(path: Path) -> list[tuple[tuple, dict]]:
+    """The runs recorded in a ``reproduce.json`` that :func:`collect` wrote: one
+    ``(group key, {"dir", "seed", "summary"})`` per seed, so that runs done in an earlier session
+    (whose folders are gone) can be pooled with new ones. Other top-level keys that are not
+    groups (a ``"notes"`` string, say) are skipped."""
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a report written by `ppl-cl report`")
+    out = []
+    for label, g in data.items():
+        if not isinstance(g, dict):
+            continue
+        if any(k not in g for k in ("experiment", "quick", "overrides", "seeds", "per_seed")):
+            raise ValueError(
+                f"{path}: entry {label!r} lacks experiment / quick / overrides / seeds / "
+                "per_seed; only reports written by `ppl-cl report` can be pooled (for "
+                "`ppl-cl reproduce` output pass its run folders)")
+        if len(g["per_seed"]) != len(g["seeds"]):
+            raise ValueError(f"{path}: entry {label!r} has {len(g['seeds'])} seeds but "
+                             f"{len(g['per_seed'])} per-seed summaries")
+        key = (g["experiment"], bool(g["quick"]), json.dumps(g["overrides"] or {}, sort_keys=True))
+        dirs = g.get("runs") or [f"{path}#{label}"] * len(g["seeds"])
+        for seed, summary, d in zip(g["seeds"], g["per_seed"], dirs):
+            d = d if "(via " in d else f"{d} (via {path})"      # provenance, not nested
+            out.append((key, {"dir": d, "seed": seed, "summary": summary}))
+    return out
+
+
 def collect(run_dirs: Sequence[str | Path], out: str | Path) -> dict:
     """Aggregate existing run folders (each with ``metrics.json`` and ``config.json``, as
     ``ppl-cl run`` writes them) into ``out/report.md`` and ``out/reproduce.json``.
 
     Runs are grouped by (experiment, quick, overrides); each group reports mean ± std over its
-    seeds beside the paper numbers. Raises ``FileNotFoundError`` for a folder without
-    ``metrics.json`` (an unfinished run) and ``ValueError`` for a seed given twice in a group.
+    seeds beside the paper numbers. An entry of ``run_dirs`` may also be a ``reproduce.json``
+    that this function wrote earlier (or a copy of it): its per-seed summaries join their
+    groups, so seeds run in different sessions pool into one table even when the earlier run
+    folders are gone. Raises ``FileNotFoundError`` for a folder without ``metrics.json`` (an
+    unfinished run) and ``ValueError`` for a seed given twice in a group or a JSON that is not
+    such a report.
     """
     reg = registry()
     groups: dict[tuple, list[dict]] = {}
     for d in map(Path, run_dirs):
+        if d.is_file() and d.suffix == ".json":
+            for key, run in _groups_from_report(d):
+                groups.setdefault(key, []).append(run)
+            continue
         if not (d / "metrics.json").is_file() or not (d / "config.json").is_file():
             raise FileNotFoundError(f"{d}: no metrics.json / config.json (not a finished run)")
         metrics = json.loads((d / "metrics.json").read_text())

@@ -189,3 +189,39 @@ def test_report_collects_finished_runs(tmp_data_root, tmp_path, capsys):
     assert "not a finished run" in capsys.readouterr().err
     assert main(["report", dirs[0], dirs[0], "--out", str(out)]) == 2
     assert "seed given twice" in capsys.readouterr().err
+
+
+def test_report_pools_an_earlier_report_with_new_runs(tmp_data_root, tmp_path, capsys):
+    """Seeds run in different sessions pool: an earlier report's reproduce.json (its run
+    folders gone) plus a new run folder give the same table as the three folders together."""
+    dirs = []
+    for s in (0, 1, 2):
+        d = tmp_path / f"s{s}"
+        assert main(["run", "exact-gp-synthetic", "--quick", "--seed", str(s), "--out", str(d),
+                     "--set", "n_batches=4"]) == 0
+        dirs.append(str(d))
+    assert main(["report", *dirs[:2], "--out", str(tmp_path / "early")]) == 0
+    early = tmp_path / "early" / "reproduce.json"
+    saved = json.loads(early.read_text())
+    saved["notes"] = "a benchmarks/results copy carries a notes string"
+    early.write_text(json.dumps(saved))
+    assert main(["report", *dirs, "--out", str(tmp_path / "all")]) == 0
+    assert main(["report", str(early), dirs[2], "--out", str(tmp_path / "pooled")]) == 0
+    capsys.readouterr()
+    (direct,) = json.loads((tmp_path / "all" / "reproduce.json").read_text()).values()
+    (pooled,) = json.loads((tmp_path / "pooled" / "reproduce.json").read_text()).values()
+    assert pooled["seeds"] == [0, 1, 2] and pooled["overrides"] == {"n_batches": "4"}
+    assert pooled["per_seed"] == direct["per_seed"]
+    for key in ("rmse_batch4", "rmse_batch1"):
+        assert pooled["summary"][key]["mean"] == pytest.approx(direct["summary"][key]["mean"])
+        assert pooled["summary"][key]["std"] == pytest.approx(direct["summary"][key]["std"])
+        assert pooled["summary"][key]["n"] == 3
+    assert pooled["runs"][0] == f"{dirs[0]} (via {early})" and pooled["runs"][2] == dirs[2]
+    # the same seed from the report and from a folder is still a duplicate
+    assert main(["report", str(early), dirs[1], "--out", str(tmp_path / "dup")]) == 2
+    assert "seed given twice" in capsys.readouterr().err
+    # a `ppl-cl reproduce` JSON (no per-run settings) is refused with a pointer to its folders
+    bad = tmp_path / "repro.json"
+    bad.write_text(json.dumps({"exact-gp-synthetic": {"status": "ok", "summary": {}}}))
+    assert main(["report", str(bad), "--out", str(tmp_path / "bad")]) == 2
+    assert "only reports written by `ppl-cl report`" in capsys.readouterr().err
