@@ -1,0 +1,117 @@
+"""Compare VAR-GP stream runs task by task, including runs stopped before their last task.
+
+A ``vargp-split-mnist`` / ``vargp-permuted-mnist`` run checkpoints its accuracy matrix ``R``
+after every task (``<run>/checkpoints/<row>.npz``, see ``ppl_cl.experiments.vargp.run_stream``),
+so a run that was stopped (a session's time limit) still holds the rows it finished. This script
+reads those checkpoints and reports, for every row of every run and every task ``k`` it reached,
+the average accuracy over the tasks seen so far (Chaudhry et al. 2018; the curve of VAR-GP Fig. 5)
+and the mean forgetting so far — and, where all rows reached task ``k``, their order.
+
+Nothing is extrapolated: a row stopped after task 6 has numbers for k = 1..6 only.
+
+Usage::
+
+    python benchmarks/vargp_stream_progress.py runs/perm100_vargp_s0 runs/perm100_block_s0 \\
+        --out benchmarks/results/some_name.json
+
+Writes JSON (and a Markdown table beside it, same stem).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ppl_cl.metrics import average_accuracy, forgetting
+from ppl_cl.persist import load_tree
+
+ROW_LABELS = {"var_gp": "VAR-GP", "block_diag": "+ Block Diag.", "mle_hypers": "+ MLE Hypers",
+              "global": "+ Global", "fixed_hypers": "fixed hypers (diagnostic)"}
+
+
+def _forgetting_so_far(R: np.ndarray, k: int) -> float | None:
+    """Forgetting (Chaudhry et al. 2018) of the stream cut after task ``k`` (0-based; None at
+    k = 0, where no earlier task exists)."""
+    return None if k == 0 else float(forgetting(R[:k + 1, :k + 1]))
+
+
+def rows_of_run(run_dir: Path) -> dict[str, dict]:
+    """Every checkpointed row of one run folder: tasks done, average accuracy and forgetting
+    after each, in %."""
+    ckpt = run_dir / "checkpoints"
+    if not ckpt.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no checkpoints/ folder (not a VAR-GP stream run?)")
+    out = {}
+    for path in sorted(ckpt.glob("*.npz")):
+        tree, _meta = load_tree(path)
+        R = np.asarray(tree["R"], dtype=float)
+        done = int(np.sum(~np.isnan(R[:, 0])))
+        if done == 0:
+            continue
+        Rk = R[:done, :done]
+        out[path.stem] = {
+            "tasks_done": done,
+            "num_tasks": int(R.shape[0]),
+            "average_accuracy": [round(100 * a, 4) for a in average_accuracy(Rk)],
+            "forgetting": [None if f is None else round(100 * f, 4)
+                           for f in (_forgetting_so_far(Rk, k) for k in range(done))],
+            "accuracy_matrix": [[round(100 * v, 2) for v in row[:i + 1]]
+                                for i, row in enumerate(Rk)],
+        }
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="run folders of ppl-cl run")
+    ap.add_argument("--out", type=Path, required=True, help="JSON file to write (and .md)")
+    args = ap.parse_args(argv)
+
+    result = {"benchmark": "vargp_stream_progress", "runs": {}}
+    table = {}
+    for run in args.runs:
+        config = json.loads((run / "config.json").read_text())
+        rows = rows_of_run(run)
+        result["runs"][str(run)] = {"config": config, "rows": rows}
+        seed = config.get("seed")
+        for name, row in rows.items():
+            table[(name, seed, str(run))] = row
+    # order of the rows at every task k all of them reached, per seed
+    orders = {}
+    for seed in sorted({s for _, s, _ in table}, key=str):
+        rows = {n: r for (n, s, _), r in table.items() if s == seed}
+        common = min(r["tasks_done"] for r in rows.values())
+        orders[str(seed)] = {
+            f"after_task_{k}": sorted(rows, key=lambda n: -rows[n]["average_accuracy"][k - 1])
+            for k in range(1, common + 1)}
+    result["order_by_seed"] = orders
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    kmax = max(r["tasks_done"] for r in table.values())
+    lines = ["| row | seed | tasks done | " + " | ".join(f"A{k}" for k in range(1, kmax + 1))
+             + " | forgetting at last task done |",
+             "|---|---|---|" + "---|" * kmax + "---|"]
+    for (name, seed, _), r in sorted(table.items(), key=lambda t: (str(t[0][1]),
+                                                                   list(ROW_LABELS).index(t[0][0])
+                                                                   if t[0][0] in ROW_LABELS
+                                                                   else 99)):
+        accs = [f"{a:.2f}" for a in r["average_accuracy"]] + ["—"] * (kmax - r["tasks_done"])
+        f = r["forgetting"][-1]
+        lines.append(f"| {ROW_LABELS.get(name, name)} | {seed} | {r['tasks_done']}/"
+                     f"{r['num_tasks']} | " + " | ".join(accs)
+                     + f" | {'—' if f is None else f'{f:.2f}'} |")
+    md = args.out.with_suffix(".md")
+    md.write_text("# VAR-GP streams, task by task (from run checkpoints)\n\n"
+                  "A_k: average test accuracy (%) over tasks 1..k after training task k. "
+                  "Forgetting (points): mean drop of tasks 1..k-1 from their best accuracy.\n\n"
+                  + "\n".join(lines) + "\n")
+    print(md.read_text())
+    return result
+
+
+if __name__ == "__main__":
+    main()
