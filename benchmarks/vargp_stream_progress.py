@@ -95,10 +95,9 @@ def main(argv=None) -> dict:
     lines = ["| row | seed | tasks done | " + " | ".join(f"A{k}" for k in range(1, kmax + 1))
              + " | forgetting at last task done |",
              "|---|---|---|" + "---|" * kmax + "---|"]
-    for (name, seed, _), r in sorted(table.items(), key=lambda t: (str(t[0][1]),
-                                                                   list(ROW_LABELS).index(t[0][0])
-                                                                   if t[0][0] in ROW_LABELS
-                                                                   else 99)):
+    rank = {name: i for i, name in enumerate(ROW_LABELS)}   # Table 1 order, unknown rows last
+    for (name, seed, _), r in sorted(table.items(),
+                                     key=lambda t: (str(t[0][1]), rank.get(t[0][0], len(rank)))):
         accs = [f"{a:.2f}" for a in r["average_accuracy"]] + ["—"] * (kmax - r["tasks_done"])
         f = r["forgetting"][-1]
         lines.append(f"| {ROW_LABELS.get(name, name)} | {seed} | {r['tasks_done']}/"
