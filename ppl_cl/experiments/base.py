@@ -18,7 +18,9 @@ field type), seeds everything, and writes into the run folder
 * figures saved through ``ctx.savefig`` as PNG, and whatever else the experiment writes;
 * ``progress.log`` — one line per unit of work an experiment reports through ``ctx.log``
   (e.g. each continual task: epochs, validation, accuracy, seconds), written as it happens, so
-  that a long run can be followed with ``tail -f`` and a killed run leaves its record;
+  that a long run can be followed with ``tail -f`` and a killed run leaves its record; a run
+  that raises (missing data, non-finite loss, Ctrl-C) ends it with a ``failed: ...`` or
+  ``interrupted`` line;
 * ``checkpoints/`` — per-unit state saved through ``ctx.save_checkpoint`` while the run is in
   progress; ``run_experiment(..., resume=True)`` (``ppl-cl run --resume``) continues a run
   that was stopped from these, and they are removed once ``metrics.json`` is written.
@@ -360,7 +362,15 @@ def run_experiment(name: str, *, quick: bool = False, seed: int = 0, device: str
     }), indent=2))
     seed_everything(seed)
     t0 = time.perf_counter()
-    metrics = spec.run(config, ctx)
+    try:
+        metrics = spec.run(config, ctx)
+    except BaseException as exc:
+        # a long run's log says why it stopped (its stderr may be long gone); the checkpoints
+        # it saved stay for --resume
+        what = ("interrupted" if isinstance(exc, KeyboardInterrupt)
+                else f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        ctx.log(f"{what} after {time.perf_counter() - t0:.1f} s")
+        raise
     _check_summary(name, metrics)
     metrics = {**metrics, "experiment": name, "quick": quick, "seed": seed,
                "wall_time_s": time.perf_counter() - t0,

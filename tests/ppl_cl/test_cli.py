@@ -61,6 +61,24 @@ def test_run_writes_a_progress_log_and_accepts_resume(tmp_path, capsys):
     assert RunContext(out_dir=out, fingerprint={"seed": 2}).load_checkpoint("unit") is None
 
 
+def test_a_failed_run_says_why_in_its_progress_log(tmp_path, monkeypatch):
+    """The reason a long run stopped stays in its folder (its stderr may be gone)."""
+    out = tmp_path / "run"
+    spec = get("exact-gp-synthetic")
+
+    def boom(config, ctx):
+        ctx.log("unit 1 done")
+        raise FloatingPointError("loss is not finite at step 7\nsecond line")
+
+    monkeypatch.setattr(spec, "run", boom)
+    with pytest.raises(FloatingPointError):
+        main(["run", "exact-gp-synthetic", "--quick", "--out", str(out)])
+    lines = (out / "progress.log").read_text().splitlines()
+    assert "unit 1 done" in lines[1]
+    assert "failed: FloatingPointError: loss is not finite at step 7 after" in lines[-1]
+    assert "second line" not in lines[-1]
+
+
 def test_set_overrides_are_typed_and_checked():
     spec = get("exact-gp-uci")
     cfg = build_config(spec, quick=True, overrides={"dataset": "yacht", "split": "3",
