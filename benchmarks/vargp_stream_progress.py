@@ -2,8 +2,8 @@
 
 A ``vargp-split-mnist`` / ``vargp-permuted-mnist`` run checkpoints its accuracy matrix ``R``
 after every task (``<run>/checkpoints/<row>.npz``, see ``ppl_cl.experiments.vargp.run_stream``),
-so a run that was stopped (a session's time limit) still holds the rows it finished. This script
-reads those checkpoints and reports, for every row of every run and every task ``k`` it reached,
+so a run that was stopped (a session's time limit) still holds the rows it finished; a finished
+run has them in its ``metrics.json``. This script reads either and reports, for every row of every run and every task ``k`` it reached,
 the average accuracy over the tasks seen so far (Chaudhry et al. 2018; the curve of VAR-GP Fig. 5)
 and the mean forgetting so far — and, where all rows reached task ``k``, their order.
 
@@ -38,21 +38,34 @@ def _forgetting_so_far(R: np.ndarray, k: int) -> float | None:
     return None if k == 0 else float(forgetting(R[:k + 1, :k + 1]))
 
 
-def rows_of_run(run_dir: Path) -> dict[str, dict]:
-    """Every checkpointed row of one run folder: tasks done, average accuracy and forgetting
-    after each, in %."""
+def _accuracy_matrices(run_dir: Path) -> dict[str, np.ndarray]:
+    """Row name -> accuracy matrix R (fractions; rows of tasks not trained yet are NaN).
+
+    A finished run has removed its checkpoints and holds every row's R in ``metrics.json``
+    (``variants.<row>.accuracy_matrix``); a stopped run has them in ``checkpoints/``."""
+    metrics = run_dir / "metrics.json"
+    if metrics.is_file():
+        variants = json.loads(metrics.read_text()).get("variants", {})
+        return {name: np.asarray(v["accuracy_matrix"], dtype=float)
+                for name, v in sorted(variants.items())}
     ckpt = run_dir / "checkpoints"
     if not ckpt.is_dir():
-        raise FileNotFoundError(f"{run_dir}: no checkpoints/ folder (not a VAR-GP stream run?)")
+        raise FileNotFoundError(f"{run_dir}: neither metrics.json nor checkpoints/ "
+                                "(not a VAR-GP stream run?)")
+    return {path.stem: np.asarray(load_tree(path)[0]["R"], dtype=float)
+            for path in sorted(ckpt.glob("*.npz"))}
+
+
+def rows_of_run(run_dir: Path) -> dict[str, dict]:
+    """Every row of one run folder, finished or stopped: tasks done, average accuracy and
+    forgetting after each, in %."""
     out = {}
-    for path in sorted(ckpt.glob("*.npz")):
-        tree, _meta = load_tree(path)
-        R = np.asarray(tree["R"], dtype=float)
+    for name, R in _accuracy_matrices(run_dir).items():
         done = int(np.sum(~np.isnan(R[:, 0])))
         if done == 0:
             continue
         Rk = R[:done, :done]
-        out[path.stem] = {
+        out[name] = {
             "tasks_done": done,
             "num_tasks": int(R.shape[0]),
             "average_accuracy": [round(100 * a, 4) for a in average_accuracy(Rk)],
@@ -104,7 +117,7 @@ def main(argv=None) -> dict:
                      f"{r['num_tasks']} | " + " | ".join(accs)
                      + f" | {'—' if f is None else f'{f:.2f}'} |")
     md = args.out.with_suffix(".md")
-    md.write_text("# VAR-GP streams, task by task (from run checkpoints)\n\n"
+    md.write_text("# VAR-GP streams, task by task (from run checkpoints or metrics.json)\n\n"
                   "A_k: average test accuracy (%) over tasks 1..k after training task k. "
                   "Forgetting (points): mean drop of tasks 1..k-1 from their best accuracy.\n\n"
                   + "\n".join(lines) + "\n")
