@@ -3,9 +3,10 @@
 A ``vargp-split-mnist`` / ``vargp-permuted-mnist`` run checkpoints its accuracy matrix ``R``
 after every task (``<run>/checkpoints/<row>.npz``, see ``ppl_cl.experiments.vargp.run_stream``),
 so a run that was stopped (a session's time limit) still holds the rows it finished; a finished
-run has them in its ``metrics.json``. This script reads either and reports, for every row of every run and every task ``k`` it reached,
-the average accuracy over the tasks seen so far (Chaudhry et al. 2018; the curve of VAR-GP Fig. 5)
-and the mean forgetting so far — and, where all rows reached task ``k``, their order.
+run has them in its ``metrics.json``. This script reads either and reports, for every row of
+every run and every task ``k`` it reached, the average accuracy over the tasks seen so far
+(Chaudhry et al. 2018; the curve of VAR-GP Fig. 5) and the mean forgetting so far — and, where
+all rows reached task ``k``, their order.
 
 Nothing is extrapolated: a row stopped after task 6 has numbers for k = 1..6 only.
 

@@ -367,8 +367,9 @@ def run_experiment(name: str, *, quick: bool = False, seed: int = 0, device: str
     except BaseException as exc:
         # a long run's log says why it stopped (its stderr may be long gone); the checkpoints
         # it saved stay for --resume
+        first_line = (str(exc).splitlines() or [""])[0]
         what = ("interrupted" if isinstance(exc, KeyboardInterrupt)
-                else f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                else f"failed: {type(exc).__name__}: {first_line}")
         ctx.log(f"{what} after {time.perf_counter() - t0:.1f} s")
         raise
     _check_summary(name, metrics)
