@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 
 __all__ = ["main"]
 
@@ -151,12 +153,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _raise_terminated(signum, frame) -> None:
+    from ppl_cl.experiments.base import Terminated
+
+    raise Terminated(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``ppl-cl`` command; returns the exit status.
+
+    While ``run`` or ``reproduce`` works, SIGTERM (``kill``, a batch system's time limit) raises
+    :class:`~ppl_cl.experiments.base.Terminated` in the main thread, so the run's
+    ``progress.log`` ends with ``terminated (SIGTERM)`` (its checkpoints stay for ``--resume``)
+    and the status is 143 (128 + SIGTERM), as if the signal had killed the process. The previous
+    handler is restored on return."""
+    from ppl_cl.experiments.base import Terminated
+
     args = build_parser().parse_args(argv)
     handlers = {"list": _cmd_list, "run": _cmd_run, "reproduce": _cmd_reproduce,
                 "report": _cmd_report, "data": _cmd_data}
+    catch = (args.cmd in ("run", "reproduce")
+             and threading.current_thread() is threading.main_thread())
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if catch else None
     try:
         return handlers[args.cmd](args)
+    except Terminated as err:
+        print(f"ppl-cl: terminated ({err})", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except Exception as err:  # user-facing errors: one line, non-zero exit
         from ppl_cl.data.root import MissingDataError
         from ppl_cl.experiments.base import ConfigError, DeviceError
@@ -167,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ppl-cl: {err}", file=sys.stderr)
             return 2
         raise
+    finally:
+        if catch:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,8 +19,8 @@ field type), seeds everything, and writes into the run folder
 * ``progress.log`` — one line per unit of work an experiment reports through ``ctx.log``
   (e.g. each continual task: epochs, validation, accuracy, seconds), written as it happens, so
   that a long run can be followed with ``tail -f`` and a killed run leaves its record; a run
-  that raises (missing data, non-finite loss, Ctrl-C) ends it with a ``failed: ...`` or
-  ``interrupted`` line;
+  that raises (missing data, non-finite loss, Ctrl-C, SIGTERM under ``ppl-cl``) ends it with a
+  ``failed: ...``, ``interrupted`` or ``terminated (SIGTERM)`` line;
 * ``checkpoints/`` — per-unit state saved through ``ctx.save_checkpoint`` while the run is in
   progress; ``run_experiment(..., resume=True)`` (``ppl-cl run --resume``) continues a run
   that was stopped from these, and they are removed once ``metrics.json`` is written.
@@ -45,11 +45,17 @@ from ppl_cl.progress import progress, progress_enabled
 from ppl_cl.seeding import seed_everything
 
 __all__ = ["PaperNumber", "ExperimentSpec", "RunContext", "register", "get", "registry",
-           "build_config", "run_experiment", "ConfigError", "DeviceError"]
+           "build_config", "run_experiment", "ConfigError", "DeviceError", "Terminated"]
 
 
 class ConfigError(ValueError):
     """Bad experiment name, unknown config key or unparsable ``--set`` value."""
+
+
+class Terminated(BaseException):
+    """The process was asked to stop by a signal (``ppl-cl`` raises it on SIGTERM: ``kill``, a
+    batch system's time limit). A ``BaseException`` like ``KeyboardInterrupt``, so that no
+    ``except Exception`` on the way swallows it; the message is the signal's name."""
 
 
 class DeviceError(RuntimeError):
@@ -368,8 +374,12 @@ def run_experiment(name: str, *, quick: bool = False, seed: int = 0, device: str
         # a long run's log says why it stopped (its stderr may be long gone); the checkpoints
         # it saved stay for --resume
         first_line = (str(exc).splitlines() or [""])[0]
-        what = ("interrupted" if isinstance(exc, KeyboardInterrupt)
-                else f"failed: {type(exc).__name__}: {first_line}")
+        if isinstance(exc, KeyboardInterrupt):
+            what = "interrupted"
+        elif isinstance(exc, Terminated):
+            what = f"terminated ({first_line})"
+        else:
+            what = f"failed: {type(exc).__name__}: {first_line}"
         ctx.log(f"{what} after {time.perf_counter() - t0:.1f} s")
         raise
     _check_summary(name, metrics)

@@ -79,6 +79,33 @@ def test_a_failed_run_says_why_in_its_progress_log(tmp_path, monkeypatch):
     assert "second line" not in lines[-1]
 
 
+def test_sigterm_ends_a_run_with_a_log_line_and_status_143(tmp_path, monkeypatch):
+    """``kill`` (SIGTERM, a batch system's time limit) stops ``ppl-cl run`` like Ctrl-C: the log
+    says so, the checkpoints stay, the status is 128 + 15, and the old handler comes back."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    spec = get("exact-gp-synthetic")
+
+    def slow(config, ctx):
+        ctx.save_checkpoint("unit", {"done": 1})
+        ctx.log("unit 1 done")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)                       # the handler raises here, in the main thread
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(spec, "run", slow)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["run", "exact-gp-synthetic", "--quick", "--out", str(out)]) == 143
+    lines = (out / "progress.log").read_text().splitlines()
+    assert "unit 1 done" in lines[1]
+    assert "terminated (SIGTERM) after" in lines[-1]
+    assert (out / "checkpoints" / "unit.npz").is_file()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_set_overrides_are_typed_and_checked():
     spec = get("exact-gp-uci")
     cfg = build_config(spec, quick=True, overrides={"dataset": "yacht", "split": "3",
