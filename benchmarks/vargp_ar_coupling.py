@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.vargp_math import (InducingSet, autoregressive_joint, concat_inducing_inputs,
-                               kernel_from_theta, prior_cholesky, task_slices)
+from models.vargp_math import (InducingSet, concat_inducing_inputs, conditional_prior_mean,
+                               prior_cholesky, task_slices)
 from ppl_cl.persist import load_tree
 
 #: float32 runs use relative jitter 1e-5 on K_ZZ (``VARGP(jitter=None)``); the diagnostic is
@@ -70,10 +70,8 @@ def coupling(state: dict, guide: str = "autoregressive") -> list[dict]:
     hyper = state["hyper"]
     theta = t64(hyper["theta"] if "theta" in hyper else hyper["loc"])[None, None]  # (1,1,H,D+1)
     L = prior_cholesky(theta, concat_inducing_inputs(sets), JITTER)[0, 0]          # (Kk, M, M)
-    kern = kernel_from_theta(theta)
-    Z = concat_inducing_inputs(sets)
-    Kfull = kern(Z)[0, 0] / kern.variance[0, 0][..., None, None]                    # correlations
-    mu = autoregressive_joint(theta, sets, JITTER)[0][0, 0] if guide == "autoregressive" else None
+    gamma = theta[0, 0, :, 0].exp()[:, None, None]                                 # (H, 1, 1)
+    mu = sets[0].mean                      # joint mean of u_<=j (eq. 22), grown task by task
     rows = []
     for j, (s, b) in enumerate(zip(sets, task_slices(sets))):
         if j == 0:
@@ -82,10 +80,12 @@ def coupling(state: dict, guide: str = "autoregressive") -> list[dict]:
         L_cross = L[..., b, :p]                                          # (Kk, M_j, p)
         trace_Kjj = (L[..., b, :b.stop] ** 2).sum(dim=(-1, -2))          # tr(K_jj) (+ jitter)
         prior_coupling = ((L_cross ** 2).sum(dim=(-1, -2)) / trace_Kjj).mean().item()
-        max_corr = Kfull[..., b, :p].amax(dim=(-1, -2)).mean().item()
+        K_cross = L_cross @ L[..., :p, :p].transpose(-1, -2)             # K_{j,<j}, identity (i)
+        max_corr = (K_cross / gamma).amax(dim=(-1, -2)).mean().item()
         mean_share = None
         if guide == "autoregressive":
-            ar_mean = mu[..., b] - s.mean                                # A_j mu_<j
+            ar_mean = conditional_prior_mean(L, b, mu)                   # A_j mu_<j
+            mu = torch.cat([mu, ar_mean + s.mean], dim=-1)
             a, m = ar_mean.norm(dim=-1), s.mean.norm(dim=-1)
             mean_share = (a / (a + m)).mean().item()
         rows.append({"task": j + 1, "prior_coupling": prior_coupling,
