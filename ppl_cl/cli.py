@@ -18,6 +18,8 @@ import signal
 import sys
 import threading
 
+from ppl_cl.errors import ConfigError, DeviceError, Terminated
+
 __all__ = ["main"]
 
 
@@ -154,8 +156,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _raise_terminated(signum, frame) -> None:
-    from ppl_cl.experiments.base import Terminated
-
     raise Terminated(signal.Signals(signum).name)
 
 
@@ -163,12 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run one ``ppl-cl`` command; returns the exit status.
 
     While ``run`` or ``reproduce`` works, SIGTERM (``kill``, a batch system's time limit) raises
-    :class:`~ppl_cl.experiments.base.Terminated` in the main thread, so the run's
+    :class:`~ppl_cl.errors.Terminated` in the main thread, so the run's
     ``progress.log`` ends with ``terminated (SIGTERM)`` (its checkpoints stay for ``--resume``)
     and the status is 143 (128 + SIGTERM), as if the signal had killed the process. The previous
     handler is restored on return."""
-    from ppl_cl.experiments.base import Terminated
-
     args = build_parser().parse_args(argv)
     handlers = {"list": _cmd_list, "run": _cmd_run, "reproduce": _cmd_reproduce,
                 "report": _cmd_report, "data": _cmd_data}
@@ -182,7 +180,6 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGTERM
     except Exception as err:  # user-facing errors: one line, non-zero exit
         from ppl_cl.data.root import MissingDataError
-        from ppl_cl.experiments.base import ConfigError, DeviceError
         from ppl_cl.persist import CheckpointError
 
         if isinstance(err, (MissingDataError, ConfigError, DeviceError, CheckpointError,

@@ -40,26 +40,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ppl_cl.errors import ConfigError, DeviceError, Terminated
 from ppl_cl.persist import CheckpointError, atomic_write_text, load_tree, save_tree
 from ppl_cl.progress import progress, progress_enabled
 from ppl_cl.seeding import seed_everything
 
 __all__ = ["PaperNumber", "ExperimentSpec", "RunContext", "register", "get", "registry",
            "build_config", "run_experiment", "ConfigError", "DeviceError", "Terminated"]
-
-
-class ConfigError(ValueError):
-    """Bad experiment name, unknown config key or unparsable ``--set`` value."""
-
-
-class Terminated(BaseException):
-    """The process was asked to stop by a signal (``ppl-cl`` raises it on SIGTERM: ``kill``, a
-    batch system's time limit). A ``BaseException`` like ``KeyboardInterrupt``, so that no
-    ``except Exception`` on the way swallows it; the message is the signal's name."""
-
-
-class DeviceError(RuntimeError):
-    """``--device`` names a device this machine does not have."""
 
 
 def _check_device(device: str) -> str:

@@ -143,6 +143,17 @@ def test_data_list_reports_found_and_missing(tmp_data_root, capsys):
     assert "missing mnist/train-images-idx3-ubyte.gz" in out
 
 
+def test_data_commands_do_not_import_the_experiments(tmp_path):
+    # `ppl-cl data ...` must not pay for importing every experiment module (the registry);
+    # the errors main() catches live in the import-free ppl_cl.errors.
+    code = ("import sys; from ppl_cl.cli import main; "
+            f"rc = main(['data', 'list', '--no-checksum', '--data-dir', {str(tmp_path)!r}]); "
+            "print(rc, sorted(m for m in sys.modules if m.startswith('ppl_cl.experiments')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "0 []"
+
+
 @pytest.mark.data("mnist")
 def test_data_list_checksums_on_shared_data(capsys):
     assert main(["data", "list"]) == 0
