@@ -18,6 +18,11 @@ but nothing here knows about GPs:
   restored at the end (``restore_best``);
 * **finite-loss guard**: a NaN/inf loss or gradient raises :class:`NonFiniteLossError` naming
   the epoch and step *before* the optimizer touches the parameters;
+* **snapshots within a task**: ``fit(..., checkpoint=fn)`` hands ``fn`` a snapshot of the loop
+  (parameters, optimizer moments, random-number states, losses, validation history, the best
+  epoch's parameters) after an epoch once ``checkpoint_every_s`` seconds have passed since the
+  last one; ``fit(..., resume=snapshot)`` continues from it and ends exactly where the
+  uninterrupted fit ends, so a long task stopped mid-way loses at most that much work;
 * a tqdm progress bar over epochs; device-agnostic (tensors stay where the data and
   parameters are); deterministic under ``seed`` (the global torch RNG is forked, so the
   caller's random state is left untouched).
@@ -49,7 +54,10 @@ from inference.elbo import LazyTraceMeanField_ELBO
 from inference.yogi import Yogi
 
 __all__ = ["SVIConfig", "SVIState", "StepInfo", "FitResult", "ContinualSVI",
-           "NonFiniteLossError", "minibatch_indices", "plateau_reached"]
+           "NonFiniteLossError", "minibatch_indices", "plateau_reached", "SNAPSHOT_FORMAT"]
+
+#: version of the within-task snapshot of :meth:`ContinualSVI.fit` (``checkpoint=``/``resume=``)
+SNAPSHOT_FORMAT = 1
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -179,6 +187,26 @@ def plateau_reached(history: Sequence[float], patience: int, tolerance: float) -
     return e > patience and abs(history[-1] - history[-1 - patience]) < tolerance
 
 
+def _optimizer_tree(opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """``opt.state_dict()`` with string keys (a checkpoint tree allows no integer keys) and
+    copies of its tensors (the optimizer updates its moments in place)."""
+    sd = opt.state_dict()
+    return {"state": {str(i): {k: x.detach().clone() if torch.is_tensor(x) else x
+                               for k, x in v.items()} for i, v in sd["state"].items()},
+            "param_groups": [dict(g) for g in sd["param_groups"]]}
+
+
+def _optimizer_state_dict(tree: dict[str, Any]) -> dict[str, Any]:
+    groups = []
+    for g in tree["param_groups"]:
+        g = dict(g)
+        g["params"] = [int(i) for i in g["params"]]
+        if isinstance(g.get("betas"), list):
+            g["betas"] = tuple(g["betas"])
+        groups.append(g)
+    return {"state": {int(i): dict(v) for i, v in tree["state"].items()}, "param_groups": groups}
+
+
 class ContinualSVI:
     """SVI engine for one Pyro model/guide pair (one task of a continual stream).
 
@@ -264,7 +292,9 @@ class ContinualSVI:
 
     # -- the loop --------------------------------------------------------------------------------
     def fit(self, data: Sequence[torch.Tensor], *, validate: Callable[[], float] | None = None,
-            desc: str = "svi", **kwargs: Any) -> FitResult:
+            desc: str = "svi", checkpoint: Callable[[dict[str, Any]], None] | None = None,
+            checkpoint_every_s: float = 600.0, resume: dict[str, Any] | None = None,
+            **kwargs: Any) -> FitResult:
         """Train on ``data`` (tensors sharing their first axis, N rows) for one task.
 
         Args:
@@ -273,6 +303,14 @@ class ContinualSVI:
                 ``validate_every`` epochs; returns the metric to maximize (e.g. validation
                 accuracy). None: no early stopping, the last parameters are returned.
             desc: progress-bar label.
+            checkpoint: called with a snapshot of the loop (a tree of tensors and JSON values,
+                for :func:`ppl_cl.persist.save_tree` or ``torch.save``) after an epoch when at
+                least ``checkpoint_every_s`` seconds have passed since the fit started or the
+                last snapshot, unless the fit stops after that epoch.
+            resume: a snapshot from ``checkpoint`` of the same fit (model, guide, config, data,
+                validation); the loop continues after its epoch and returns what the
+                uninterrupted fit returns (same parameters, losses and validation history;
+                ``wall_time_s`` counts this call only).
             kwargs: passed to model and guide on every call.
         """
         data = tuple(data)
@@ -303,9 +341,23 @@ class ContinualSVI:
             best_value, best_epoch, best_snapshot = -math.inf, 0, None
             stopped_early = False
             train_time = 0.0
-            bar = tqdm(range(1, c.max_epochs + 1), desc=desc, disable=not c.progress,
-                       leave=False, dynamic_ncols=True)
-            epoch = 0
+            start = 0
+            if resume is not None:
+                state, order = self._restore(state, resume, order, devices)
+                start = state.epoch
+                epoch_losses = [float(v) for v in resume["epoch_losses"]]
+                validation = [(int(e), float(v)) for e, v in resume["validation"]]
+                history = [v for _, v in validation]
+                if resume["best_epoch"] > 0:
+                    best_value, best_epoch = float(resume["best_value"]), int(resume["best_epoch"])
+                if resume["best_params"] is not None:
+                    best_snapshot = {n: torch.as_tensor(v).to(state.params[n])
+                                     for n, v in resume["best_params"].items()}
+                train_time = float(resume["train_time_s"])
+            last_checkpoint = time.perf_counter()
+            bar = tqdm(range(start + 1, c.max_epochs + 1), desc=desc, disable=not c.progress,
+                       leave=False, dynamic_ncols=True, initial=start, total=c.max_epochs)
+            epoch = start
             for epoch in bar:
                 t_ep = time.perf_counter()
                 total, count = 0.0, 0
@@ -337,6 +389,20 @@ class ContinualSVI:
                         bar.set_postfix(postfix)
                         break
                 bar.set_postfix(postfix)
+                if (checkpoint is not None and epoch < c.max_epochs
+                        and time.perf_counter() - last_checkpoint >= checkpoint_every_s):
+                    checkpoint({
+                        "format": SNAPSHOT_FORMAT, "epoch": epoch, "step": state.step,
+                        "params": {n: p.detach().clone() for n, p in state.params.items()},
+                        "optimizer": _optimizer_tree(state.optimizer),
+                        "rng": self._rng_state(order, devices),
+                        "epoch_losses": list(epoch_losses),
+                        "validation": [[e, v] for e, v in validation],
+                        "best_epoch": best_epoch,
+                        "best_value": best_value if best_epoch > 0 else None,
+                        "best_params": best_snapshot,
+                        "train_time_s": train_time})
+                    last_checkpoint = time.perf_counter()
             bar.close()
             if best_snapshot is not None:
                 with torch.no_grad():
@@ -350,3 +416,38 @@ class ContinualSVI:
         return FitResult(params, epoch_losses, validation, best_epoch,
                          best_value if validation else None, epoch, state.step, stopped_early,
                          wall, train_time / max(epoch, 1))
+
+    # -- snapshots within a task -----------------------------------------------------------------
+    @staticmethod
+    def _rng_state(order: torch.Generator, devices: list[int]) -> dict[str, Any]:
+        return {"torch": torch.get_rng_state(), "order": order.get_state(),
+                "cuda": [torch.cuda.get_rng_state(d) for d in devices]}
+
+    def _restore(self, state: SVIState, snap: dict[str, Any], order: torch.Generator,
+                 devices: list[int]) -> tuple[SVIState, torch.Generator]:
+        """Load a :meth:`fit` snapshot into the freshly initialized ``state`` (in place)."""
+        if snap.get("format") != SNAPSHOT_FORMAT:
+            raise ValueError(f"resume: snapshot format {snap.get('format')!r}, this engine "
+                             f"reads {SNAPSHOT_FORMAT}")
+        saved = snap["params"]
+        if set(saved) != set(state.params) or any(
+                tuple(torch.as_tensor(saved[n]).shape) != tuple(p.shape)
+                for n, p in state.params.items()):
+            raise ValueError(
+                "resume: the snapshot's parameters "
+                f"{ {n: tuple(torch.as_tensor(v).shape) for n, v in saved.items()} } do not match "
+                f"this fit's { {n: tuple(p.shape) for n, p in state.params.items()} }")
+        epoch = int(snap["epoch"])
+        if not 1 <= epoch < self.config.max_epochs:
+            raise ValueError(f"resume: snapshot after epoch {epoch}, this fit runs "
+                             f"{self.config.max_epochs} epochs")
+        with torch.no_grad():
+            for n, p in state.params.items():
+                p.copy_(torch.as_tensor(saved[n]))
+        state.optimizer.load_state_dict(_optimizer_state_dict(snap["optimizer"]))
+        rng = snap["rng"]
+        torch.set_rng_state(torch.as_tensor(rng["torch"]).cpu())
+        order.set_state(torch.as_tensor(rng["order"]).cpu())
+        for d, st in zip(devices, rng["cuda"]):
+            torch.cuda.set_rng_state(torch.as_tensor(st).cpu(), d)
+        return state._replace(step=int(snap["step"]), epoch=epoch), order

@@ -52,7 +52,7 @@ def _cmd_run(args) -> int:
     metrics = run_experiment(args.name, quick=args.quick, seed=args.seed, device=args.device,
                              out=args.out, overrides=_parse_sets(args.set),
                              data_dir=args.data_dir, show_progress=args.progress,
-                             resume=args.resume)
+                             resume=args.resume, checkpoint_every_s=args.checkpoint_every)
     print(json.dumps(metrics["summary"], indent=2, default=str))
     print(f"wrote {args.out or 'runs/' + args.name}/metrics.json "
           f"({metrics['wall_time_s']:.1f} s)", file=sys.stderr)
@@ -64,7 +64,8 @@ def _cmd_reproduce(args) -> int:
 
     res = reproduce(args.out, quick=args.quick, seed=args.seed, seeds=args.seeds,
                     device=args.device, only=args.only, overrides=_parse_sets(args.set),
-                    data_dir=args.data_dir, show_progress=args.progress, resume=args.resume)
+                    data_dir=args.data_dir, show_progress=args.progress, resume=args.resume,
+                    checkpoint_every_s=args.checkpoint_every)
     with open(f"{args.out}/report.md") as fh:
         print(fh.read())
     for name, r in res["results"].items():
@@ -122,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--resume", action="store_true",
                         help="continue a stopped run from the checkpoints in its run folder "
                              "(same experiment, seed and settings)")
+        sp.add_argument("--checkpoint-every", type=float, default=600.0, metavar="SECONDS",
+                        help="seconds between the snapshots saved within a long unit of work "
+                             "(a VAR-GP task), which --resume continues from (default 600)")
 
     r = sub.add_parser("run", parents=[common], help="run one experiment")
     r.add_argument("name")

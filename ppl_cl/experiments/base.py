@@ -197,6 +197,9 @@ class RunContext:
     #: predates matches when it is at this default (options are added with defaults that keep
     #: the earlier behaviour)
     config_defaults: dict[str, Any] = field(default_factory=dict)
+    #: seconds between the snapshots an experiment saves *within* a long unit of work (the
+    #: VAR-GP streams: within a task), so that a run stopped mid-task loses at most this much
+    checkpoint_every_s: float = 600.0
 
     # -- progress log and checkpoints (resumable long runs) ------------------------------------
     def log(self, message: str) -> None:
@@ -323,13 +326,18 @@ def _check_summary(name: str, metrics: Any) -> None:
 def run_experiment(name: str, *, quick: bool = False, seed: int = 0, device: str = "cpu",
                    out: str | Path | None = None, overrides: dict[str, str] | None = None,
                    data_dir: str | None = None, show_progress: bool | None = None,
-                   resume: bool = False) -> dict:
+                   resume: bool = False, checkpoint_every_s: float = 600.0) -> dict:
     """Run experiment ``name`` and write its run folder; returns the metrics dict.
 
     With ``resume=True`` an experiment that checkpoints its units of work (the VAR-GP streams
     do, after every task of every variant) continues from the checkpoints a stopped run with
     the same experiment, seed, quick flag and config left in ``out``; the result equals that
-    of an uninterrupted run. Without it, old checkpoints in ``out`` are discarded."""
+    of an uninterrupted run. Without it, old checkpoints in ``out`` are discarded.
+    ``checkpoint_every_s``: seconds between the snapshots taken within a unit of work (a
+    VAR-GP task; 0: after every epoch), which ``resume`` continues from too."""
+    if not checkpoint_every_s >= 0:
+        raise ConfigError(f"checkpoint_every_s: expected >= 0 seconds, received "
+                          f"{checkpoint_every_s!r}")
     spec = get(name)
     _check_device(device)
     config = build_config(spec, quick=quick, overrides=overrides)
@@ -337,6 +345,7 @@ def run_experiment(name: str, *, quick: bool = False, seed: int = 0, device: str
     out_dir.mkdir(parents=True, exist_ok=True)
     ctx = RunContext(out_dir=out_dir, seed=seed, device=device, quick=quick,
                      show_progress=show_progress, data_dir=data_dir, resume=resume,
+                     checkpoint_every_s=float(checkpoint_every_s),
                      fingerprint={"experiment": name, "seed": seed, "quick": quick,
                                   "config": _jsonable(config)},
                      config_defaults=_jsonable(build_config(spec, quick=quick)))

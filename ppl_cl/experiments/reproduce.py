@@ -83,7 +83,7 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
               seeds: Sequence[int] | None = None, device: str = "cpu",
               only: list[str] | None = None, overrides: dict[str, str] | None = None,
               data_dir: str | None = None, show_progress: bool | None = None,
-              resume: bool = False) -> dict:
+              resume: bool = False, checkpoint_every_s: float = 600.0) -> dict:
     """Run every headline experiment (or ``only`` those) into ``out/<name>/`` (one folder per
     seed when ``seeds`` has several); write ``out/report.md`` and ``out/reproduce.json``.
 
@@ -91,6 +91,8 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
         seeds: the seeds to run (default ``[seed]``).
         overrides: ``--set`` config overrides applied to every experiment run.
         resume: continue stopped runs from their checkpoints (see ``run_experiment``).
+        checkpoint_every_s: seconds between snapshots within a unit of work (see
+            ``run_experiment``).
 
     Returns:
         ``{"results": ..., "failed": [...]}``; with several seeds each ok result carries
@@ -107,7 +109,8 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
                                    out=out / spec.name if len(seeds) == 1
                                    else out / spec.name / f"seed{s}",
                                    overrides=overrides, data_dir=data_dir,
-                                   show_progress=show_progress, resume=resume)
+                                   show_progress=show_progress, resume=resume,
+                                   checkpoint_every_s=checkpoint_every_s)
                     for s in seeds]
             if len(runs) == 1:
                 results[spec.name] = {"status": "ok", "summary": runs[0]["summary"],

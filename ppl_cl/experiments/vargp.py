@@ -206,7 +206,10 @@ def run_stream(tasks, valids, num_classes: int, learner_kwargs: dict[str, Any],
     After each task the learner and the rows so far are checkpointed under ``key``
     (``ctx.save_checkpoint``) and a line goes to ``progress.log``; when the run resumes
     (``ppl-cl run --resume``) the loop continues after the last checkpointed task, which gives
-    the result of an uninterrupted run (the learner's randomness is seeded per task).
+    the result of an uninterrupted run (the learner's randomness is seeded per task). Within a
+    task, a snapshot of the SVI loop goes to ``<key>-partial`` every ``ctx.checkpoint_every_s``
+    seconds (``ppl-cl run --checkpoint-every``), so a run stopped mid-task resumes from its last
+    snapshot, again with the uninterrupted result.
 
     ``task_valids`` (one validation batch per task; default ``valids``) are scored once more
     after the last task: ``final_avg_validation_accuracy`` is their mean accuracy, the
@@ -234,8 +237,17 @@ def run_stream(tasks, valids, num_classes: int, learner_kwargs: dict[str, Any],
             raise CheckpointError(f"checkpoint {key!r}: {start} tasks done, stream has {T}")
         R[:start], H[:start] = np.asarray(state["R"])[:start], np.asarray(state["H"])[:start]
         ctx.log(f"{key}: resumed after task {start}/{T}")
+    partial_key = f"{key}-partial"
+    partial = ctx.load_checkpoint(partial_key)
+    if partial is not None and int(partial["task"]) != start + 1:
+        partial = None  # saved during a task that has finished since
     for i in ctx.progress(range(start, T), desc=desc, total=T, initial=start):
-        rec = learner.update(tasks[i].train, validation=valids[i] if valids else None)
+        if partial is not None:
+            ctx.log(f"{key}: task {i + 1}/{T} resumes after epoch {partial['fit']['epoch']}")
+        rec = learner.update(tasks[i].train, validation=valids[i] if valids else None,
+                             checkpoint=lambda tree: ctx.save_checkpoint(partial_key, tree),
+                             checkpoint_every_s=ctx.checkpoint_every_s, resume=partial)
+        partial = None
         R[i], H[i] = evaluate_tasks(learner, tasks)
         ctx.save_checkpoint(key, {"learner": learner.state_dict(), "R": R, "H": H})
         val = rec["best_validation"]

@@ -14,7 +14,7 @@ Ablations of Sect. 5.3 / App. B.1 are options: ``guide="block_diagonal"``, ``gui
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -201,7 +201,10 @@ class VARGP(Learner):
             generator=torch.Generator().manual_seed(seed))
 
     # -- the protocol --------------------------------------------------------------------------
-    def update(self, batch: Batch, validation: Batch | tuple | None = None) -> dict[str, Any]:
+    def update(self, batch: Batch, validation: Batch | tuple | None = None, *,
+               checkpoint: Callable[[dict[str, Any]], None] | None = None,
+               checkpoint_every_s: float = 600.0,
+               resume: dict[str, Any] | None = None) -> dict[str, Any]:
         """Train on the next task (Algorithm 1); old tasks' parameters stay frozen.
 
         Args:
@@ -210,6 +213,12 @@ class VARGP(Learner):
             validation: optional held-out batch for early stopping on its accuracy and for
                 restoring the best epoch (the paper's protocol); without it the run lasts
                 ``max_epochs`` and keeps the last parameters.
+            checkpoint: called during the task, every ``checkpoint_every_s`` seconds at an
+                epoch's end, with ``{"task": t, "fit": snapshot}`` (a tree for
+                :func:`ppl_cl.persist.save_tree`; see ``inference.svi.ContinualSVI.fit``).
+            resume: such a tree, saved while this learner (same config and state) trained
+                task ``t``: training continues after the snapshot's epoch and ends as the
+                uninterrupted update does.
 
         Returns:
             ``task``, ``epochs``, ``steps``, ``best_epoch``, ``best_validation``,
@@ -230,6 +239,9 @@ class VARGP(Learner):
             validation.validate(input_dim=batch.input_dim, num_classes=K, require_targets=True)
         c = self.config
         t = self.num_updates + 1
+        if resume is not None and int(resume.get("task", -1)) != t:
+            raise ValueError(f"resume: the snapshot was saved during task {resume.get('task')}, "
+                             f"this update trains task {t}")
         x, y = batch.torch(self.device, self.dtype)
         input_dim_before = self.input_dim
         self.input_dim = batch.input_dim  # needed by _initial_hyper; restored on failure
@@ -269,7 +281,12 @@ class VARGP(Learner):
                     return float((probs.argmax(-1) == yv).to(torch.float64).mean())
 
             engine = ContinualSVI(program.model, program.guide, self._svi_config(t))
-            result = engine.fit((x, y), validate=validate, desc=f"VAR-GP task {t}")
+            result = engine.fit(
+                (x, y), validate=validate, desc=f"VAR-GP task {t}",
+                checkpoint=None if checkpoint is None else (
+                    lambda snap: checkpoint({"task": t, "fit": snap})),
+                checkpoint_every_s=checkpoint_every_s,
+                resume=None if resume is None else resume["fit"])
         except BaseException:
             self.input_dim = input_dim_before
             raise

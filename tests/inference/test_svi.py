@@ -223,6 +223,49 @@ def test_early_stopping_restores_the_best_parameters():
     assert float(no_restore.params["loc"]) == seen[4]
 
 
+def test_a_fit_resumed_from_a_snapshot_ends_like_the_uninterrupted_fit(tmp_path):
+    from ppl_cl.persist import load_tree, save_tree
+
+    y = 0.5 + torch.randn(60, generator=torch.Generator().manual_seed(4), dtype=DT)
+    cfg = SVIConfig(learning_rate=0.05, batch_size=16, max_epochs=9, patience=50, seed=7,
+                    num_particles=3)
+
+    def validate():  # depends on the parameters; best epoch is restored at the end
+        return -round(abs(float(pyro.param("loc").detach()) - 0.4), 2)
+
+    snaps = []
+    full = ContinualSVI(normal_model, normal_guide, cfg).fit(
+        (y,), validate=validate, checkpoint=snaps.append, checkpoint_every_s=0.0)
+    assert [s["epoch"] for s in snaps] == list(range(1, 9))  # not after the last epoch
+    assert 1 < full.best_epoch < 9
+    for snap in (snaps[0], snaps[4], snaps[7]):
+        path = tmp_path / f"snap{snap['epoch']}.npz"
+        save_tree(path, snap)  # through the checkpoint format (string keys, no pickle)
+        loaded, _ = load_tree(path)
+        res = ContinualSVI(normal_model, normal_guide, cfg).fit(
+            (y,), validate=validate, resume=loaded)
+        assert all(torch.equal(res.params[k], full.params[k]) for k in full.params)
+        assert res.epoch_losses == full.epoch_losses and res.validation == full.validation
+        assert (res.best_epoch, res.best_validation, res.epochs, res.steps) == \
+            (full.best_epoch, full.best_validation, full.epochs, full.steps)
+    # a snapshot of another fit is refused before the loop runs
+    with pytest.raises(ValueError, match="runs 3 epochs"):
+        ContinualSVI(normal_model, normal_guide, SVIConfig(**{**cfg.__dict__, "max_epochs": 3})
+                     ).fit((y,), resume=snaps[4])
+
+    def other_guide(y, num_data=None):
+        loc = pyro.param("loc", torch.zeros(2, dtype=y.dtype))
+        pyro.sample("mu", dist.Normal(loc.sum(), 1.0))
+
+    with pytest.raises(ValueError, match="do not match"):
+        ContinualSVI(normal_model, other_guide, cfg).fit((y,), resume=snaps[0])
+    # the time rule: no snapshot before checkpoint_every_s has passed
+    few = []
+    ContinualSVI(normal_model, normal_guide, cfg).fit((y,), checkpoint=few.append,
+                                                      checkpoint_every_s=3600.0)
+    assert few == []
+
+
 def test_progress_bar_and_config_checks(capsys):
     y = torch.randn(20, dtype=DT)
     res = ContinualSVI(normal_model, normal_guide,

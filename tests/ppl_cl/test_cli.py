@@ -106,6 +106,17 @@ def test_sigterm_ends_a_run_with_a_log_line_and_status_143(tmp_path, monkeypatch
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_checkpoint_every_option(tmp_path, capsys):
+    from ppl_cl.cli import build_parser
+
+    args = build_parser().parse_args(["run", "vargp-toy", "--checkpoint-every", "30"])
+    assert args.checkpoint_every == 30.0
+    assert build_parser().parse_args(["reproduce"]).checkpoint_every == 600.0
+    assert main(["run", "exact-gp-synthetic", "--quick", "--out", str(tmp_path),
+                 "--checkpoint-every", "-1"]) == 2
+    assert "checkpoint_every_s" in capsys.readouterr().err
+
+
 def test_set_overrides_are_typed_and_checked():
     spec = get("exact-gp-uci")
     cfg = build_config(spec, quick=True, overrides={"dataset": "yacht", "split": "3",

@@ -408,6 +408,8 @@ def test_run_stream_scores_the_final_learner_on_every_validation_set(blobs):
     from ppl_cl.experiments.vargp import run_stream
 
     class Ctx:
+        checkpoint_every_s = 600.0
+
         def load_checkpoint(self, key):
             return None
 
@@ -439,9 +441,9 @@ def test_seen_validation_scores_every_task_so_far(tmp_path, monkeypatch):
     seen = {}
     real_update = VARGP.update
 
-    def spy(self, batch, validation=None):
+    def spy(self, batch, validation=None, **kwargs):
         seen.setdefault(mode, []).append(sorted(set(np.asarray(validation.y).tolist())))
-        return real_update(self, batch, validation=validation)
+        return real_update(self, batch, validation=validation, **kwargs)
 
     monkeypatch.setattr(VARGP, "update", spy)
     for mode in ("task", "seen"):
@@ -506,6 +508,46 @@ def test_stopped_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
         assert ([{k: v for k, v in r.items() if k not in drop} for r in a["records"]]
                 == [{k: v for k, v in r.items() if k not in drop} for r in b["records"]])
     assert resumed["summary"]["final_avg_accuracy"] == whole["summary"]["final_avg_accuracy"]
+
+
+def test_a_run_stopped_mid_task_resumes_from_its_snapshot(tmp_path, monkeypatch):
+    """Snapshots within a task (``checkpoint_every_s``; 0 = every epoch): a run killed in
+    task 3 after epoch 2 continues from there with ``resume=True`` and gives the result of a
+    run that was never stopped (which took no snapshots)."""
+    from ppl_cl.experiments.base import RunContext, run_experiment
+
+    kw = dict(quick=True, show_progress=False, overrides={"ablations": "[]", "max_epochs": "4"})
+    whole = run_experiment("vargp-split-digits", out=tmp_path / "whole", **kw)
+
+    real_save = RunContext.save_checkpoint
+    saved = []
+
+    def dying_save(self, key, tree):
+        real_save(self, key, tree)
+        saved.append((key, tree.get("task"), tree.get("fit", {}).get("epoch")))
+        if saved[-1] == ("var_gp-partial", 3, 2):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunContext, "save_checkpoint", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment("vargp-split-digits", out=tmp_path / "cut", checkpoint_every_s=0, **kw)
+    monkeypatch.setattr(RunContext, "save_checkpoint", real_save)
+    # epochs 1-3 of each task (none after the last), the task's end under the row's key
+    assert saved[:5] == [("var_gp-partial", 1, 1), ("var_gp-partial", 1, 2),
+                         ("var_gp-partial", 1, 3), ("var_gp", None, None),
+                         ("var_gp-partial", 2, 1)]
+    resumed = run_experiment("vargp-split-digits", out=tmp_path / "cut", resume=True,
+                             checkpoint_every_s=0, **kw)
+    log = (tmp_path / "cut" / "progress.log").read_text()
+    assert "var_gp: resumed after task 2/5" in log
+    assert "var_gp: task 3/5 resumes after epoch 2" in log
+    assert not (tmp_path / "cut" / "checkpoints").exists()
+    a, b = whole["variants"]["var_gp"], resumed["variants"]["var_gp"]
+    np.testing.assert_array_equal(a["accuracy_matrix"], b["accuracy_matrix"])
+    np.testing.assert_array_equal(a["entropy_matrix"], b["entropy_matrix"])
+    drop = ("wall_time_s", "seconds_per_epoch")
+    assert ([{k: v for k, v in r.items() if k not in drop} for r in a["records"]]
+            == [{k: v for k, v in r.items() if k not in drop} for r in b["records"]])
 
 
 def test_ablation_rows_can_run_without_the_var_gp_row(tmp_path, monkeypatch):
