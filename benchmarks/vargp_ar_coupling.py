@@ -48,12 +48,12 @@ def _learner_states(run_dir: Path) -> dict[str, tuple[dict, str]]:
 
     Checkpoints are named by row (``ppl_cl.experiments.vargp.VARIANTS``); a finished run's
     ``vargp.npz`` holds one learner, whose config names its guide."""
-    from ppl_cl.experiments.vargp import VARIANTS
+    from ppl_cl.experiments.vargp import VARIANTS, stream_checkpoints
 
-    ckpt = run_dir / "checkpoints"
-    if ckpt.is_dir() and any(ckpt.glob("*.npz")):
-        return {p.stem: (load_tree(p)[0]["learner"], VARIANTS[p.stem]["guide"])
-                for p in sorted(ckpt.glob("*.npz"))}
+    rows = stream_checkpoints(run_dir)
+    if rows:
+        return {name: (load_tree(p)[0]["learner"], VARIANTS[name]["guide"])
+                for name, p in rows.items()}
     final = run_dir / "vargp.npz"
     if final.is_file():
         state, meta = load_tree(final)

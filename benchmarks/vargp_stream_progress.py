@@ -8,7 +8,9 @@ every run and every task ``k`` it reached, the average accuracy over the tasks s
 (Chaudhry et al. 2018; the curve of VAR-GP Fig. 5) and the mean forgetting so far — and, where
 all rows reached task ``k``, their order.
 
-Nothing is extrapolated: a row stopped after task 6 has numbers for k = 1..6 only.
+Nothing is extrapolated: a row stopped after task 6 has numbers for k = 1..6 only. Where the
+run left a snapshot within its next task (``<row>-partial.npz``), the epoch it reached and its
+best validation accuracy so far are listed beside ("in progress"), outside every average.
 
 Usage::
 
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ppl_cl.experiments.vargp import stream_checkpoints
 from ppl_cl.metrics import average_accuracy, forgetting
 from ppl_cl.persist import load_tree
 
@@ -49,18 +52,33 @@ def _accuracy_matrices(run_dir: Path) -> dict[str, np.ndarray]:
         variants = json.loads(metrics.read_text()).get("variants", {})
         return {name: np.asarray(v["accuracy_matrix"], dtype=float)
                 for name, v in sorted(variants.items())}
-    ckpt = run_dir / "checkpoints"
-    if not ckpt.is_dir():
-        raise FileNotFoundError(f"{run_dir}: neither metrics.json nor checkpoints/ "
-                                "(not a VAR-GP stream run?)")
-    return {path.stem: np.asarray(load_tree(path)[0]["R"], dtype=float)
-            for path in sorted(ckpt.glob("*.npz"))}
+    rows = stream_checkpoints(run_dir)
+    if not rows:
+        raise FileNotFoundError(f"{run_dir}: neither metrics.json nor row checkpoints in "
+                                "checkpoints/ (not a VAR-GP stream run?)")
+    return {name: np.asarray(load_tree(path)[0]["R"], dtype=float)
+            for name, path in rows.items()}
+
+
+def _in_progress(run_dir: Path) -> dict[str, dict]:
+    """Row name -> where its unfinished task stood at the last within-task snapshot
+    (``<row>-partial.npz``): task (1-based), epochs done, best epoch and its validation
+    accuracy. Only reported, never used in the averages."""
+    out = {}
+    for name, path in stream_checkpoints(run_dir, partial=True).items():
+        tree = load_tree(path)[0]
+        fit = tree["fit"]
+        out[name] = {"task": int(tree["task"]), "epoch": int(fit["epoch"]),
+                     "best_epoch": int(fit["best_epoch"]),
+                     "best_validation": fit["best_value"]}
+    return out
 
 
 def rows_of_run(run_dir: Path) -> dict[str, dict]:
     """Every row of one run folder, finished or stopped: tasks done, average accuracy and
     forgetting after each, in %."""
     out = {}
+    running = {} if (run_dir / "metrics.json").is_file() else _in_progress(run_dir)
     for name, R in _accuracy_matrices(run_dir).items():
         done = int(np.sum(~np.isnan(R[:, 0])))
         if done == 0:
@@ -75,7 +93,19 @@ def rows_of_run(run_dir: Path) -> dict[str, dict]:
             "accuracy_matrix": [[round(100 * v, 2) for v in row[:i + 1]]
                                 for i, row in enumerate(Rk)],
         }
+        now = running.get(name)
+        if now is not None and now["task"] == done + 1:  # else: a finished task's snapshot
+            out[name]["in_progress"] = now
     return out
+
+
+def _progress_cell(row: dict) -> str:
+    now = row.get("in_progress")
+    if now is None:
+        return "—"
+    val = now["best_validation"]
+    return (f"task {now['task']}: epoch {now['epoch']}"
+            + ("" if val is None else f" (validation {100 * val:.2f} at epoch {now['best_epoch']})"))
 
 
 def main(argv=None) -> dict:
@@ -107,8 +137,8 @@ def main(argv=None) -> dict:
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     kmax = max(r["tasks_done"] for r in table.values())
     lines = ["| row | seed | tasks done | " + " | ".join(f"A{k}" for k in range(1, kmax + 1))
-             + " | forgetting at last task done |",
-             "|---|---|---|" + "---|" * kmax + "---|"]
+             + " | forgetting at last task done | in progress |",
+             "|---|---|---|" + "---|" * kmax + "---|---|"]
     rank = {name: i for i, name in enumerate(ROW_LABELS)}   # Table 1 order, unknown rows last
     for (name, seed, _), r in sorted(table.items(),
                                      key=lambda t: (str(t[0][1]), rank.get(t[0][0], len(rank)))):
@@ -116,7 +146,7 @@ def main(argv=None) -> dict:
         f = r["forgetting"][-1]
         lines.append(f"| {ROW_LABELS.get(name, name)} | {seed} | {r['tasks_done']}/"
                      f"{r['num_tasks']} | " + " | ".join(accs)
-                     + f" | {'—' if f is None else f'{f:.2f}'} |")
+                     + f" | {'—' if f is None else f'{f:.2f}'} | {_progress_cell(r)} |")
     md = args.out.with_suffix(".md")
     md.write_text("# VAR-GP streams, task by task (from run checkpoints or metrics.json)\n\n"
                   "A_k: average test accuracy (%) over tasks 1..k after training task k. "

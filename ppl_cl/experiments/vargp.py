@@ -17,6 +17,7 @@ the VAR-GP checkpoint (``vargp.npz``) and ``posterior.nc`` (ArviZ).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ from ppl_cl.experiments.base import PaperNumber, RunContext, register
 from ppl_cl.persist import CheckpointError
 
 __all__ = ["ToyConfig", "StreamConfig", "SplitMNISTConfig", "PermutedMNISTConfig",
-           "SplitDigitsConfig", "VARIANTS", "run_stream"]
+           "SplitDigitsConfig", "VARIANTS", "PARTIAL", "run_stream", "stream_checkpoints"]
 
 # summary-key suffix -> learner options (Table 1 rows; "var_gp" is the method itself)
 VARIANTS: dict[str, dict[str, str]] = {
@@ -197,6 +198,23 @@ def _learner_kwargs(config: StreamConfig, ctx: RunContext, variant: str) -> dict
                 device=ctx.device, progress=ctx.show_progress, **VARIANTS[variant])
 
 
+#: suffix of the checkpoint key of a row's within-task snapshot (``<row>-partial.npz``)
+PARTIAL = "-partial"
+
+
+def stream_checkpoints(run_dir, partial: bool = False) -> dict[str, Path]:
+    """Row name -> checkpoint file of a stopped or running stream run (``<run_dir>/checkpoints``,
+    written by :func:`run_stream`): the one saved after the row's last finished task
+    (``{"learner", "R", "H"}``), or with ``partial=True`` the snapshot saved within the task
+    after it (``{"task", "fit"}``, see ``VARGP.update``). Empty for a finished run, which has
+    removed its checkpoints."""
+    ckpt = Path(run_dir) / "checkpoints"
+    files = sorted(ckpt.glob("*.npz")) if ckpt.is_dir() else []
+    if partial:
+        return {p.stem[:-len(PARTIAL)]: p for p in files if p.stem.endswith(PARTIAL)}
+    return {p.stem: p for p in files if not p.stem.endswith(PARTIAL)}
+
+
 def run_stream(tasks, valids, num_classes: int, learner_kwargs: dict[str, Any],
                ctx: RunContext, desc: str = "VAR-GP", key: str = "var_gp",
                task_valids=None) -> dict[str, Any]:
@@ -207,7 +225,7 @@ def run_stream(tasks, valids, num_classes: int, learner_kwargs: dict[str, Any],
     (``ctx.save_checkpoint``) and a line goes to ``progress.log``; when the run resumes
     (``ppl-cl run --resume``) the loop continues after the last checkpointed task, which gives
     the result of an uninterrupted run (the learner's randomness is seeded per task). Within a
-    task, a snapshot of the SVI loop goes to ``<key>-partial`` every ``ctx.checkpoint_every_s``
+    task, a snapshot of the SVI loop goes to ``<key>-partial`` (:data:`PARTIAL`) every ``ctx.checkpoint_every_s``
     seconds (``ppl-cl run --checkpoint-every``), so a run stopped mid-task resumes from its last
     snapshot, again with the uninterrupted result.
 
@@ -237,7 +255,7 @@ def run_stream(tasks, valids, num_classes: int, learner_kwargs: dict[str, Any],
             raise CheckpointError(f"checkpoint {key!r}: {start} tasks done, stream has {T}")
         R[:start], H[:start] = np.asarray(state["R"])[:start], np.asarray(state["H"])[:start]
         ctx.log(f"{key}: resumed after task {start}/{T}")
-    partial_key = f"{key}-partial"
+    partial_key = f"{key}{PARTIAL}"
     partial = ctx.load_checkpoint(partial_key)
     if partial is not None and int(partial["task"]) != start + 1:
         partial = None  # saved during a task that has finished since

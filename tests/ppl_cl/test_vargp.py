@@ -536,8 +536,17 @@ def test_a_run_stopped_mid_task_resumes_from_its_snapshot(tmp_path, monkeypatch)
     assert saved[:5] == [("var_gp-partial", 1, 1), ("var_gp-partial", 1, 2),
                          ("var_gp-partial", 1, 3), ("var_gp", None, None),
                          ("var_gp-partial", 2, 1)]
+    # readers of a stopped run (benchmarks/vargp_stream_progress.py, vargp_ar_coupling.py)
+    # tell the row checkpoints from the within-task snapshots
+    from ppl_cl.experiments.vargp import stream_checkpoints
+
+    cut = tmp_path / "cut"
+    assert {k: p.name for k, p in stream_checkpoints(cut).items()} == {"var_gp": "var_gp.npz"}
+    assert {k: p.name for k, p in stream_checkpoints(cut, partial=True).items()} == {
+        "var_gp": "var_gp-partial.npz"}
     resumed = run_experiment("vargp-split-digits", out=tmp_path / "cut", resume=True,
                              checkpoint_every_s=0, **kw)
+    assert stream_checkpoints(cut) == {} == stream_checkpoints(cut, partial=True)
     log = (tmp_path / "cut" / "progress.log").read_text()
     assert "var_gp: resumed after task 2/5" in log
     assert "var_gp: task 3/5 resumes after epoch 2" in log
