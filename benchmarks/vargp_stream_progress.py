@@ -104,8 +104,8 @@ def _progress_cell(row: dict) -> str:
     if now is None:
         return "—"
     val = now["best_validation"]
-    return (f"task {now['task']}: epoch {now['epoch']}"
-            + ("" if val is None else f" (validation {100 * val:.2f} at epoch {now['best_epoch']})"))
+    best = "" if val is None else f" (validation {100 * val:.2f} at epoch {now['best_epoch']})"
+    return f"task {now['task']}: epoch {now['epoch']}{best}"
 
 
 def main(argv=None) -> dict:

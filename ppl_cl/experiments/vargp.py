@@ -225,9 +225,9 @@ def run_stream(tasks, valids, num_classes: int, learner_kwargs: dict[str, Any],
     (``ctx.save_checkpoint``) and a line goes to ``progress.log``; when the run resumes
     (``ppl-cl run --resume``) the loop continues after the last checkpointed task, which gives
     the result of an uninterrupted run (the learner's randomness is seeded per task). Within a
-    task, a snapshot of the SVI loop goes to ``<key>-partial`` (:data:`PARTIAL`) every ``ctx.checkpoint_every_s``
-    seconds (``ppl-cl run --checkpoint-every``), so a run stopped mid-task resumes from its last
-    snapshot, again with the uninterrupted result.
+    task, a snapshot of the SVI loop goes to ``<key>-partial`` (:data:`PARTIAL`) every
+    ``ctx.checkpoint_every_s`` seconds (``ppl-cl run --checkpoint-every``), so a run stopped
+    mid-task resumes from its last snapshot, again with the uninterrupted result.
 
     ``task_valids`` (one validation batch per task; default ``valids``) are scored once more
     after the last task: ``final_avg_validation_accuracy`` is their mean accuracy, the
