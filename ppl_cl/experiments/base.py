@@ -179,6 +179,11 @@ def build_config(spec: ExperimentSpec, quick: bool = False,
 # ---------------------------------------------------------------------------------------------
 # running
 # ---------------------------------------------------------------------------------------------
+#: the folder of a run's checkpoints (``<out_dir>/checkpoints``), removed once ``metrics.json``
+#: is written and, unless the run resumes, when it starts
+CHECKPOINT_DIR = "checkpoints"
+
+
 @dataclass
 class RunContext:
     """What an experiment's ``run`` gets besides its config."""
@@ -212,7 +217,7 @@ class RunContext:
     def _checkpoint_path(self, key: str) -> Path:
         if not key or not all(ch.isalnum() or ch in "-_" for ch in key):
             raise ValueError(f"checkpoint key must be letters, digits, '-' or '_', got {key!r}")
-        return self.out_dir / "checkpoints" / f"{key}.npz"
+        return self.out_dir / CHECKPOINT_DIR / f"{key}.npz"
 
     def save_checkpoint(self, key: str, tree: Any) -> None:
         """Save ``tree`` (arrays, tensors, JSON values) under ``key``, stamped with this run's
@@ -350,7 +355,7 @@ def run_experiment(name: str, *, quick: bool = False, seed: int = 0, device: str
                                   "config": _jsonable(config)},
                      config_defaults=_jsonable(build_config(spec, quick=quick)))
     if not resume:
-        shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+        shutil.rmtree(out_dir / CHECKPOINT_DIR, ignore_errors=True)
         (out_dir / "progress.log").unlink(missing_ok=True)
     ctx.log(f"{'resume' if resume else 'start'} {name} seed={seed} quick={quick} "
             f"device={device}")
@@ -383,6 +388,6 @@ def run_experiment(name: str, *, quick: bool = False, seed: int = 0, device: str
                "wall_time_s": time.perf_counter() - t0,
                "figures": sorted(set(metrics.get("figures", [])) | set(ctx.figures))}
     atomic_write_text(out_dir / "metrics.json", json.dumps(_jsonable(metrics), indent=2))
-    shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+    shutil.rmtree(out_dir / CHECKPOINT_DIR, ignore_errors=True)
     ctx.log(f"done in {metrics['wall_time_s']:.1f} s")
     return metrics

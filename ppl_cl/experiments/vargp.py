@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ppl_cl.experiments.base import PaperNumber, RunContext, register
+from ppl_cl.experiments.base import CHECKPOINT_DIR, PaperNumber, RunContext, register
 from ppl_cl.persist import CheckpointError
 
 __all__ = ["ToyConfig", "StreamConfig", "SplitMNISTConfig", "PermutedMNISTConfig",
@@ -208,7 +208,7 @@ def stream_checkpoints(run_dir, partial: bool = False) -> dict[str, Path]:
     (``{"learner", "R", "H"}``), or with ``partial=True`` the snapshot saved within the task
     after it (``{"task", "fit"}``, see ``VARGP.update``). Empty for a finished run, which has
     removed its checkpoints."""
-    ckpt = Path(run_dir) / "checkpoints"
+    ckpt = Path(run_dir) / CHECKPOINT_DIR
     files = sorted(ckpt.glob("*.npz")) if ckpt.is_dir() else []
     if partial:
         return {p.stem[:-len(PARTIAL)]: p for p in files if p.stem.endswith(PARTIAL)}
