@@ -78,7 +78,7 @@ def rows_of_run(run_dir: Path) -> dict[str, dict]:
     """Every row of one run folder, finished or stopped: tasks done, average accuracy and
     forgetting after each, in %."""
     out = {}
-    running = {} if (run_dir / "metrics.json").is_file() else _in_progress(run_dir)
+    running = _in_progress(run_dir)  # empty for a finished run: its checkpoints are gone
     for name, R in _accuracy_matrices(run_dir).items():
         done = int(np.sum(~np.isnan(R[:, 0])))
         if done == 0:
