@@ -1,8 +1,8 @@
 r"""VAR-GP as a Pyro program: Variational Auto-Regressive Gaussian Processes for continual
 learning (Kapoor, Karaletsos & Bui, ICML 2021).
 
-``K`` independent GPs, one per class, with a softmax likelihood (single head); an ARD
-exponentiated-quadratic kernel on log-hyperparameters ``theta`` with prior ``N(0, I)`` at the
+``K`` independent GPs, one per class, with a softmax likelihood (single head); an ARD (or, as
+eq. 20 is printed, isotropic) exponentiated-quadratic kernel on log-hyperparameters ``theta`` with prior ``N(0, I)`` at the
 first task and ``q_{t-1}(theta)`` afterwards; per-task inducing inputs ``Z_t`` and outputs
 ``u_t``. For task ``t`` the approximate running joint (eq. 6) and the guide (eq. 7) are
 
@@ -130,16 +130,18 @@ class GaussianLikelihood:
 # ---------------------------------------------------------------------------------------------
 # initial values
 # ---------------------------------------------------------------------------------------------
-def standard_hyper_prior(num_hyper_sets: int, input_dim: int, dtype=torch.float32,
+def standard_hyper_prior(num_hyper_sets: int, num_lengthscales: int, dtype=torch.float32,
                          device=None) -> HyperPosterior:
-    """``p(theta) = N(0, I)`` over ``[log gamma, log l_1..l_D]`` (Sect. 4.3), shape ``(H, D+1)``."""
-    shape = (num_hyper_sets, input_dim + 1)
+    """``p(theta) = N(0, I)`` over ``[log gamma, log l_1..l_D]`` (Sect. 4.3), shape ``(H, D+1)``;
+    ``num_lengthscales`` is ``D`` for the ARD kernel or 1 for an isotropic one (eq. 20 as
+    printed: one ``sigma``), shape ``(H, 2)``."""
+    shape = (num_hyper_sets, num_lengthscales + 1)
     return HyperPosterior(torch.zeros(shape, dtype=dtype, device=device),
                           torch.ones(shape, dtype=dtype, device=device))
 
 
 def median_heuristic_theta(x: Tensor, num_hyper_sets: int = 1, max_points: int = 1000,
-                           generator: torch.Generator | None = None) -> Tensor:
+                           generator: torch.Generator | None = None, ard: bool = True) -> Tensor:
     """A starting point for ``q_1(theta)``'s mean: ``log gamma = 0`` and every log-lengthscale
     ``log l_d = log median_{i<j} ||x_i - x_j||`` (the median heuristic), so that typical scaled
     squared distances are about 1.
@@ -152,9 +154,10 @@ def median_heuristic_theta(x: Tensor, num_hyper_sets: int = 1, max_points: int =
 
     Args:
         x: the first task's inputs ``(N, D)`` (a random subset of ``max_points`` rows is used).
+        ard: one log-lengthscale per feature (``D``) or a single one (isotropic).
 
     Returns:
-        ``(num_hyper_sets, D + 1)``.
+        ``(num_hyper_sets, D + 1)``, or ``(num_hyper_sets, 2)`` when not ``ard``.
     """
     N, D = x.shape
     if N > max_points:
@@ -166,9 +169,10 @@ def median_heuristic_theta(x: Tensor, num_hyper_sets: int = 1, max_points: int =
                                                                    device=x.device)
     med = med.clamp_min(torch.finfo(x.dtype).eps) if bool(med > 0) else torch.ones(
         (), dtype=x.dtype, device=x.device)
+    width = D if ard else 1
     theta = torch.cat([torch.zeros(1, dtype=x.dtype, device=x.device),
-                       med.log().expand(D).to(x.dtype)])
-    return theta.expand(num_hyper_sets, D + 1).clone()
+                       med.log().expand(width).to(x.dtype)])
+    return theta.expand(num_hyper_sets, width + 1).clone()
 
 
 def init_inducing_set(x: Tensor, num_classes: int, num_inducing: int, *,
@@ -288,7 +292,8 @@ class VARGPModel:
             :func:`init_inducing_set`).
         hyper_prior: ``q_{t-1}(theta)`` (``None``: ``N(0, I)``; unused for point hypers).
         hyper_init: initial ``q_t(theta)`` (:class:`HyperPosterior`) or, for
-            ``hyperparameters="point"``, the initial ``theta`` tensor ``(H, D+1)``.
+            ``hyperparameters="point"``, the initial ``theta`` tensor ``(H, D+1)``; width 2
+            (``[log gamma, log l]``) gives the isotropic kernel.
         guide: ``"autoregressive"`` (VAR-GP), ``"block_diagonal"`` or ``"global"``.
         hyperparameters: ``"variational"`` (q(theta)), ``"point"`` (MLE ablation) or ``"fixed"``
             (``hyper_init`` as a constant theta; diagnostic).
@@ -346,10 +351,16 @@ class VARGPModel:
             hyper_init = hyper_init.loc
         self.hyper_init = (hyper_init.detach() if isinstance(hyper_init, HyperPosterior)
                            else hyper_init.detach().clone())
-        H = (self.hyper_init.loc if isinstance(self.hyper_init, HyperPosterior)
-             else self.hyper_init).shape[0]
+        H, width = (self.hyper_init.loc if isinstance(self.hyper_init, HyperPosterior)
+                    else self.hyper_init).shape
+        if width not in (self.input_dim + 1, 2):
+            raise ValueError(f"hyper_init: expected {self.input_dim + 1} (ARD) or 2 (isotropic) "
+                             f"log-hyperparameters per set, received {width}")
         self.hyper_prior = (hyper_prior.detach() if hyper_prior is not None
-                            else standard_hyper_prior(H, self.input_dim, dtype, device))
+                            else standard_hyper_prior(H, width - 1, dtype, device))
+        if tuple(self.hyper_prior.loc.shape) != (H, width):
+            raise ValueError(f"hyper_prior: expected shape {(H, width)} like hyper_init, "
+                             f"received {tuple(self.hyper_prior.loc.shape)}")
         self._cache: tuple | None = None
         self._factor_cache: dict[int, tuple[Tensor, dist.MultivariateNormal]] = {}
 

@@ -141,10 +141,11 @@ def kernel_from_theta(theta: Tensor) -> SquaredExponential:
     """ARD exponentiated quadratic of App. C.1 (eq. 20) from log-hyperparameters.
 
     Args:
-        theta: ``(..., D + 1)`` = ``[log gamma, log l_1, ..., log l_D]``.
+        theta: ``(..., D + 1)`` = ``[log gamma, log l_1, ..., log l_D]``, or ``(..., 2)`` =
+            ``[log gamma, log l]`` for the isotropic kernel (eq. 20 as printed).
 
     Returns:
-        ``SquaredExponential(variance=gamma (...), lengthscale=l (..., D))``.
+        ``SquaredExponential(variance=gamma (...), lengthscale=l (..., D) or (..., 1))``.
     """
     return SquaredExponential(theta[..., 0].exp(), theta[..., 1:].exp())
 

@@ -94,7 +94,10 @@ class StreamConfig:
     streaming sparse GP of Bui et al. 2017). The default, "previous", was chosen on the
     validation sets (``final_avg_validation_accuracy_global``, Split MNIST, 10 epochs per task,
     seeds 0-2): 29.2 % against 20.8 % for "task", better in every seed
-    (``benchmarks/results/vargp_split_mnist_global_init.md``)."""
+    (``benchmarks/results/vargp_split_mnist_global_init.md``).
+
+    ``ard``: one lengthscale per pixel (Sect. 4.3, "log-ARD lengthscales") or, with ``false``, a
+    single lengthscale (eq. 20 as printed); ``VARGP(ard=...)``."""
 
     inducing_per_task: int = 60
     learning_rate: float = 3e-3
@@ -116,6 +119,7 @@ class StreamConfig:
     per_class_inducing_inputs: bool = True
     theta_init: str = "median"
     theta_init_scale: float = 0.1
+    ard: bool = True
     global_init: str = "previous"
     dtype: str = "float32"
     posterior_draws: int = 100
@@ -194,7 +198,7 @@ def _learner_kwargs(config: StreamConfig, ctx: RunContext, variant: str) -> dict
                 num_predict_samples=config.num_predict_samples,
                 per_class_inducing_inputs=config.per_class_inducing_inputs,
                 theta_init=config.theta_init, theta_init_scale=config.theta_init_scale,
-                global_init=config.global_init, dtype=config.dtype, seed=ctx.seed,
+                ard=config.ard, global_init=config.global_init, dtype=config.dtype, seed=ctx.seed,
                 device=ctx.device, progress=ctx.show_progress, **VARIANTS[variant])
 
 

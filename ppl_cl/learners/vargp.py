@@ -72,6 +72,10 @@ class VARGP(Learner):
             (1). It matters: with few optimizer steps per task q(theta)'s scale stays near it and
             sets how tightly later tasks hold theta (Split MNIST uses 1e-3, chosen on validation
             data; ``benchmarks/results/vargp_split_mnist_theta_init_scale.md``).
+        ard: one lengthscale per input feature (Sect. 4.3: "log-ARD lengthscales"; theta has
+            ``D + 1`` entries) or, with ``False``, a single lengthscale (eq. 20 as printed, one
+            ``sigma``; theta has 2 entries). The median-heuristic start is the same number for
+            every lengthscale, so the two kernels start equal and differ in what can drift.
         per_class_hyperparameters: one theta per class GP instead of one shared theta.
         per_class_inducing_inputs: independent ``Z_t`` per class GP (reference code) or one
             ``Z_t`` shared by the K GPs.
@@ -103,7 +107,7 @@ class VARGP(Learner):
                  max_epochs: int = 500, patience: int = 200, tolerance: float = 1e-4,
                  num_theta_samples: int = 3, num_f_samples: int = 10,
                  num_predict_samples: int = 10, theta_init: str = "median",
-                 theta_init_scale: float = 0.1,
+                 theta_init_scale: float = 0.1, ard: bool = True,
                  per_class_hyperparameters: bool = False, per_class_inducing_inputs: bool = True,
                  learn_inducing_inputs: bool = True, scale_tril_init: str = "prior",
                  global_init: str = "task", jitter: float | None = None,
@@ -142,7 +146,7 @@ class VARGP(Learner):
                          num_f_samples=int(num_f_samples),
                          num_predict_samples=int(num_predict_samples),
                          theta_init=theta_init, theta_init_scale=float(theta_init_scale),
-                         per_class_hyperparameters=bool(per_class_hyperparameters),
+                         ard=bool(ard), per_class_hyperparameters=bool(per_class_hyperparameters),
                          per_class_inducing_inputs=bool(per_class_inducing_inputs),
                          learn_inducing_inputs=bool(learn_inducing_inputs),
                          scale_tril_init=scale_tril_init, global_init=global_init,
@@ -177,15 +181,19 @@ class VARGP(Learner):
     def _num_hyper_sets(self) -> int:
         return self.num_classes if self.config["per_class_hyperparameters"] else 1
 
+    def _num_lengthscales(self) -> int:
+        return self.input_dim if self.config["ard"] else 1
+
     def _initial_hyper(self, x: torch.Tensor) -> HyperPosterior | torch.Tensor:
         if self.hyper is not None:
             return self.hyper
-        prior = standard_hyper_prior(self._num_hyper_sets(), self.input_dim, self.dtype,
-                                     self.device)
+        prior = standard_hyper_prior(self._num_hyper_sets(), self._num_lengthscales(),
+                                     self.dtype, self.device)
         loc = prior.loc
         if self.config["theta_init"] == "median":
             loc = median_heuristic_theta(x, self._num_hyper_sets(),
-                                         generator=torch.Generator().manual_seed(self._seed(5)))
+                                         generator=torch.Generator().manual_seed(self._seed(5)),
+                                         ard=self.config["ard"])
         if self.config["hyperparameters"] != "variational":
             return loc
         return HyperPosterior(loc, prior.scale * self.config["theta_init_scale"])
@@ -362,6 +370,12 @@ class VARGP(Learner):
         if hyper_val is not None and isinstance(hyper_val, HyperPosterior) == point:
             raise ValueError("state: hyperparameters do not match the config "
                              f"(hyperparameters={self.config['hyperparameters']!r})")
+        if hyper_val is not None and state["input_dim"] is not None:
+            width = _theta_mean(hyper_val).shape[-1]
+            expected = (int(state["input_dim"]) if self.config["ard"] else 1) + 1
+            if width != expected:
+                raise ValueError(f"state: theta has {width} entries per set but the config "
+                                 f"(ard={self.config['ard']}) expects {expected}")
         self.tasks = tasks
         self.hyper = hyper_val
         self.input_dim = None if state["input_dim"] is None else int(state["input_dim"])
@@ -423,11 +437,13 @@ class VARGP(Learner):
                 p = torch.softmax(f_loc + f_var.sqrt() * e, dim=-2).mean(1)  # (s, K, n)
                 loglik.append(p.gather(-2, yt.expand(p.shape[0], 1, -1)).squeeze(-2).log())
         u = torch.cat(u_draws)
+        ard = self.config["ard"]
         posterior: dict[str, Any] = {
             "log_variance": as_numpy(theta[:, 0, :, 0])[None],
-            "log_lengthscale": as_numpy(theta[:, 0, :, 1:])[None]}
+            "log_lengthscale": as_numpy(theta[:, 0, :, 1:] if ard else theta[:, 0, :, 1])[None]}
         dims: dict[str, list[str]] = {"log_variance": ["hyper_set"],
-                                      "log_lengthscale": ["hyper_set", "feature"]}
+                                      "log_lengthscale": (["hyper_set", "feature"] if ard
+                                                          else ["hyper_set"])}
         constant: dict[str, Any] = {}
         for j, (s, rows) in enumerate(zip(sets, task_slices(sets)), start=1):
             name = f"u_task{j}"

@@ -473,3 +473,39 @@ def test_bad_options_raise():
         VARGPModel(num_classes=2, past=[cur, cur], init=cur, guide="global")
     with pytest.raises(ValueError, match="output"):
         VARGPModel(num_classes=2, past=[], init=cur, likelihood=GaussianLikelihood(1.0))
+
+
+def test_isotropic_theta_equals_ard_with_equal_lengthscales():
+    """Eq. 20 as printed (one lengthscale, theta = [log gamma, log l]) is the ARD kernel with
+    every l_d = l: the whole two-task bound (eq. 8, one Monte Carlo draw at a fixed seed)
+    agrees, for each guide."""
+    gen = torch.Generator().manual_seed(21)
+    D = 3
+    past = [_random_set(2, 4, D, gen=gen)]
+    cur = _random_set(2, 3, D, gen=gen, shift=0.5)
+    x = torch.randn(7, D, generator=gen, dtype=DT)
+    y = torch.randint(2, (7,), generator=gen)
+    iso = torch.tensor([[0.3, -0.2]], dtype=DT)
+    ard = torch.cat([iso[:, :1], iso[:, 1:].expand(1, D)], -1)
+    for guide in ("autoregressive", "block_diagonal"):
+        # same seed: the u_<t and f draws have the same shapes, so they are the same numbers
+        pyro.set_rng_seed(3)
+        a = _deterministic_elbo(guide, past, cur, iso, x, y, likelihood=SoftmaxLikelihood(4))
+        pyro.set_rng_seed(3)
+        b = _deterministic_elbo(guide, past, cur, ard, x, y, likelihood=SoftmaxLikelihood(4))
+        assert torch.isfinite(a) and torch.allclose(a, b, rtol=1e-12, atol=1e-9), guide
+    kern_iso, kern_ard = kernel_from_theta(iso), kernel_from_theta(ard)
+    assert torch.allclose(kern_iso(x, x), kern_ard(x, x), rtol=1e-12)
+
+
+def test_hyperparameter_width_is_checked():
+    cur = _random_set(2, 3, 4)
+    for width in (3, 6):
+        with pytest.raises(ValueError, match="log-hyperparameters"):
+            VARGPModel(num_classes=2, past=[], init=cur, hyperparameters="point",
+                       hyper_init=torch.zeros(1, width, dtype=DT))
+    with pytest.raises(ValueError, match="hyper_prior"):
+        VARGPModel(num_classes=2, past=[], init=cur,
+                   hyper_init=HyperPosterior(torch.zeros(1, 2, dtype=DT), torch.ones(1, 2, dtype=DT)),
+                   hyper_prior=HyperPosterior(torch.zeros(1, 5, dtype=DT),
+                                              torch.ones(1, 5, dtype=DT)))

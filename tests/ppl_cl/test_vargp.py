@@ -203,6 +203,35 @@ def test_load_state_dict_rejects_mismatched_hyperparameters(blobs):
         b.load_state_dict(a.state_dict())
 
 
+def test_isotropic_kernel_learns_saves_and_exports(blobs, tmp_path):
+    """``ard=False`` (eq. 20 as printed): theta is [log gamma, log l] per set, q_1(theta) starts
+    at the same median heuristic as the ARD kernel, the learner still learns the toy tasks,
+    resumes bitwise from a file, exports one lengthscale, and a state of the other width is
+    refused."""
+    cfg = dict(SMALL, seed=3, ard=False, max_epochs=40, inducing_per_task=8)
+    learner = VARGP(4, **cfg)
+    learner.update(blobs["train"][0])
+    m = np.isin(blobs["yt"], (0, 1))
+    assert learner.predict(blobs["xt"][m]).accuracy(blobs["yt"][m]) > 0.8  # as the ARD test
+    ard = VARGP(4, **{**cfg, "ard": True, "max_epochs": 1})
+    ard.update(blobs["train"][0])
+    assert learner.hyper.loc.shape == (1, 2) and ard.hyper.loc.shape == (1, 3)
+    assert learner.history[0]["theta_log_lengthscale_min"] == pytest.approx(
+        learner.history[0]["theta_log_lengthscale_max"])
+    path = tmp_path / "iso.npz"
+    learner.save(path)
+    loaded = Learner.load(path)
+    assert loaded.config["ard"] is False
+    for lrn in (learner, loaded):
+        lrn.update(blobs["train"][1], validation=blobs["valid"][1])
+    np.testing.assert_array_equal(loaded.predict(blobs["xt"]).probs,
+                                  learner.predict(blobs["xt"]).probs)
+    idata = learner.to_inference_data(num_draws=20)
+    assert idata.posterior["log_lengthscale"].dims == ("chain", "draw", "hyper_set")
+    with pytest.raises(ValueError, match="ard"):
+        ard.load_state_dict(learner.state_dict())
+
+
 def test_fixed_hyperparameters_stay_at_their_start(blobs):
     """hyperparameters="fixed" (diagnostic): theta is the median-heuristic start on every task
     (no theta site, no theta param), saved and loaded like a point theta."""
