@@ -2,9 +2,10 @@ r"""VAR-GP as a Pyro program: Variational Auto-Regressive Gaussian Processes for
 learning (Kapoor, Karaletsos & Bui, ICML 2021).
 
 ``K`` independent GPs, one per class, with a softmax likelihood (single head); an ARD (or, as
-eq. 20 is printed, isotropic) exponentiated-quadratic kernel on log-hyperparameters ``theta`` with prior ``N(0, I)`` at the
-first task and ``q_{t-1}(theta)`` afterwards; per-task inducing inputs ``Z_t`` and outputs
-``u_t``. For task ``t`` the approximate running joint (eq. 6) and the guide (eq. 7) are
+eq. 20 is printed, isotropic) exponentiated-quadratic kernel on log-hyperparameters ``theta``
+with prior ``N(0, I)`` at the first task and ``q_{t-1}(theta)`` afterwards; per-task inducing
+inputs ``Z_t`` and outputs ``u_t``. For task ``t`` the approximate running joint (eq. 6) and the
+guide (eq. 7) are
 
     model:  p(y^(t) | f) p(f_{!= u<=t} | u_<=t, theta) p(u_t | u_<t, theta) q(u_<t | theta) q_{t-1}(theta)
     guide:  p(f_{!= u<=t} | u_<=t, theta) q(u_t | u_<t, theta)     q(u_<t | theta) q_t(theta)

@@ -13,6 +13,8 @@ owns ``M_j`` inducing inputs ``Z_j`` and outputs ``u_j``; ``M = sum_j M_j``.
   quadratic kernel ``k(x, x') = gamma exp(-1/2 sum_d (x_d - x'_d)^2 / l_d^2)`` (App. C.1,
   eq. 20 — the extracted eq. 20 lost the minus sign and the ARD index; Sect. 4.3 says "log-ARD
   lengthscales and a log-scale factor"; ``gamma`` multiplies the kernel, it is a variance).
+  With one lengthscale (eq. 20 as printed) theta = [log gamma, log l] has 2 entries where the
+  layouts below say ``D + 1``; every function here takes either.
 * Guide factors (Sect. 4.3): q(u_1) = N(m_1, S_1) and, for j > 1,
   q(u_j | u_<j, theta) = N(A_j u_<j + m_j, S_j),  A_j = K_{j,<j} K_{<j,<j}^{-1},  S_j = L_j L_j^T.
 * Prior conditionals (Sect. 4.3.1): p(u_j | u_<j, theta) = N(A_j u_<j, C_j),
@@ -138,7 +140,7 @@ class HyperPosterior(NamedTuple):
 
 
 def kernel_from_theta(theta: Tensor) -> SquaredExponential:
-    """ARD exponentiated quadratic of App. C.1 (eq. 20) from log-hyperparameters.
+    """ARD (or isotropic) exponentiated quadratic of App. C.1 (eq. 20) from log-hyperparameters.
 
     Args:
         theta: ``(..., D + 1)`` = ``[log gamma, log l_1, ..., log l_D]``, or ``(..., 2)`` =

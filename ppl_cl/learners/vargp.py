@@ -181,13 +181,13 @@ class VARGP(Learner):
     def _num_hyper_sets(self) -> int:
         return self.num_classes if self.config["per_class_hyperparameters"] else 1
 
-    def _num_lengthscales(self) -> int:
-        return self.input_dim if self.config["ard"] else 1
+    def _num_lengthscales(self, input_dim: int) -> int:
+        return input_dim if self.config["ard"] else 1
 
     def _initial_hyper(self, x: torch.Tensor) -> HyperPosterior | torch.Tensor:
         if self.hyper is not None:
             return self.hyper
-        prior = standard_hyper_prior(self._num_hyper_sets(), self._num_lengthscales(),
+        prior = standard_hyper_prior(self._num_hyper_sets(), self._num_lengthscales(self.input_dim),
                                      self.dtype, self.device)
         loc = prior.loc
         if self.config["theta_init"] == "median":
@@ -372,7 +372,7 @@ class VARGP(Learner):
                              f"(hyperparameters={self.config['hyperparameters']!r})")
         if hyper_val is not None and state["input_dim"] is not None:
             width = _theta_mean(hyper_val).shape[-1]
-            expected = (int(state["input_dim"]) if self.config["ard"] else 1) + 1
+            expected = self._num_lengthscales(int(state["input_dim"])) + 1
             if width != expected:
                 raise ValueError(f"state: theta has {width} entries per set but the config "
                                  f"(ard={self.config['ard']}) expects {expected}")

@@ -506,6 +506,7 @@ def test_hyperparameter_width_is_checked():
                        hyper_init=torch.zeros(1, width, dtype=DT))
     with pytest.raises(ValueError, match="hyper_prior"):
         VARGPModel(num_classes=2, past=[], init=cur,
-                   hyper_init=HyperPosterior(torch.zeros(1, 2, dtype=DT), torch.ones(1, 2, dtype=DT)),
+                   hyper_init=HyperPosterior(torch.zeros(1, 2, dtype=DT),
+                                             torch.ones(1, 2, dtype=DT)),
                    hyper_prior=HyperPosterior(torch.zeros(1, 5, dtype=DT),
                                               torch.ones(1, 5, dtype=DT)))
