@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ppl_cl.experiments.vargp import stream_checkpoints
+from ppl_cl.experiments.vargp import current_partial, stream_checkpoints
 from ppl_cl.metrics import average_accuracy, forgetting
 from ppl_cl.persist import load_tree
 
@@ -60,13 +60,16 @@ def _accuracy_matrices(run_dir: Path) -> dict[str, np.ndarray]:
             for name, path in rows.items()}
 
 
-def _in_progress(run_dir: Path) -> dict[str, dict]:
+def _in_progress(run_dir: Path, tasks_done: dict[str, int]) -> dict[str, dict]:
     """Row name -> where its unfinished task stood at the last within-task snapshot
-    (``<row>-partial.npz``): task (1-based), epochs done, best epoch and its validation
-    accuracy. Only reported, never used in the averages."""
+    (``<row>-partial.npz``) of the task after its ``tasks_done`` finished ones: task (1-based),
+    epochs done, best epoch and its validation accuracy. Only reported, never used in the
+    averages; a finished task's leftover snapshot is skipped (``current_partial``)."""
     out = {}
     for name, path in stream_checkpoints(run_dir, partial=True).items():
-        tree = load_tree(path)[0]
+        tree = current_partial(load_tree(path)[0], tasks_done.get(name, 0))
+        if tree is None:
+            continue
         fit = tree["fit"]
         out[name] = {"task": int(tree["task"]), "epoch": int(fit["epoch"]),
                      "best_epoch": int(fit["best_epoch"]),
@@ -78,9 +81,11 @@ def rows_of_run(run_dir: Path) -> dict[str, dict]:
     """Every row of one run folder, finished or stopped: tasks done, average accuracy and
     forgetting after each, in %."""
     out = {}
-    running = _in_progress(run_dir)  # empty for a finished run: its checkpoints are gone
-    for name, R in _accuracy_matrices(run_dir).items():
-        done = int(np.sum(~np.isnan(R[:, 0])))
+    matrices = _accuracy_matrices(run_dir)
+    done_of = {name: int(np.sum(~np.isnan(R[:, 0]))) for name, R in matrices.items()}
+    running = _in_progress(run_dir, done_of)  # empty for a finished run: no checkpoints left
+    for name, R in matrices.items():
+        done = done_of[name]
         if done == 0:
             continue
         Rk = R[:done, :done]
@@ -93,9 +98,8 @@ def rows_of_run(run_dir: Path) -> dict[str, dict]:
             "accuracy_matrix": [[round(100 * v, 2) for v in row[:i + 1]]
                                 for i, row in enumerate(Rk)],
         }
-        now = running.get(name)
-        if now is not None and now["task"] == done + 1:  # else: a finished task's snapshot
-            out[name]["in_progress"] = now
+        if name in running:
+            out[name]["in_progress"] = running[name]
     return out
 
 

@@ -219,6 +219,16 @@ def stream_checkpoints(run_dir, partial: bool = False) -> dict[str, Path]:
     return {p.stem: p for p in files if not p.stem.endswith(PARTIAL)}
 
 
+def current_partial(snapshot, tasks_done: int):
+    """The within-task snapshot ``snapshot`` (``{"task", "fit"}``, 1-based task) if it was
+    saved during the task after the ``tasks_done`` finished ones, else None: a run stopped
+    after a task's checkpoint but before the next task's first snapshot still holds the
+    finished task's last snapshot, which must not be resumed or reported as the next task's."""
+    if snapshot is None or int(snapshot["task"]) != tasks_done + 1:
+        return None
+    return snapshot
+
+
 def run_stream(tasks, valids, num_classes: int, learner_kwargs: dict[str, Any],
                ctx: RunContext, desc: str = "VAR-GP", key: str = "var_gp",
                task_valids=None) -> dict[str, Any]:
@@ -260,9 +270,7 @@ def run_stream(tasks, valids, num_classes: int, learner_kwargs: dict[str, Any],
         R[:start], H[:start] = np.asarray(state["R"])[:start], np.asarray(state["H"])[:start]
         ctx.log(f"{key}: resumed after task {start}/{T}")
     partial_key = f"{key}{PARTIAL}"
-    partial = ctx.load_checkpoint(partial_key)
-    if partial is not None and int(partial["task"]) != start + 1:
-        partial = None  # saved during a task that has finished since
+    partial = current_partial(ctx.load_checkpoint(partial_key), start)
     for i in ctx.progress(range(start, T), desc=desc, total=T, initial=start):
         if partial is not None:
             ctx.log(f"{key}: task {i + 1}/{T} resumes after epoch {partial['fit']['epoch']}")

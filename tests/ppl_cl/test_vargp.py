@@ -540,10 +540,23 @@ def test_stopped_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
 
 
 def test_a_run_stopped_mid_task_resumes_from_its_snapshot(tmp_path, monkeypatch):
-    """Snapshots within a task (``checkpoint_every_s``; 0 = every epoch): a run killed in
-    task 3 after epoch 2 continues from there with ``resume=True`` and gives the result of a
-    run that was never stopped (which took no snapshots)."""
+    """Snapshots within a task (``checkpoint_every_s``; 0 = every epoch). A run is killed
+    right after task 2's checkpoint, when it still holds task 2's last snapshot: resuming
+    must start task 3 afresh. Killed again in task 3 after epoch 2, it continues from there;
+    the result equals a run that was never stopped (which took no snapshots). The progress
+    reader (benchmarks/vargp_stream_progress.py) reports the task in progress only when there
+    is one."""
+    import importlib.util
+    from pathlib import Path
+
     from ppl_cl.experiments.base import RunContext, run_experiment
+    from ppl_cl.experiments.vargp import stream_checkpoints
+
+    spec = importlib.util.spec_from_file_location(
+        "vargp_stream_progress",
+        Path(__file__).resolve().parents[2] / "benchmarks" / "vargp_stream_progress.py")
+    progress = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(progress)
 
     kw = dict(quick=True, show_progress=False, overrides={"ablations": "[]", "max_epochs": "4"})
     whole = run_experiment("vargp-split-digits", out=tmp_path / "whole", **kw)
@@ -554,38 +567,63 @@ def test_a_run_stopped_mid_task_resumes_from_its_snapshot(tmp_path, monkeypatch)
     def dying_save(self, key, tree):
         real_save(self, key, tree)
         saved.append((key, tree.get("task"), tree.get("fit", {}).get("epoch")))
-        if saved[-1] == ("var_gp-partial", 3, 2):
+        entry, times = stop
+        if saved[-1] == entry and saved.count(entry) == times:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(RunContext, "save_checkpoint", dying_save)
-    with pytest.raises(KeyboardInterrupt):
-        run_experiment("vargp-split-digits", out=tmp_path / "cut", checkpoint_every_s=0, **kw)
-    monkeypatch.setattr(RunContext, "save_checkpoint", real_save)
-    # epochs 1-3 of each task (none after the last), the task's end under the row's key
-    assert saved[:5] == [("var_gp-partial", 1, 1), ("var_gp-partial", 1, 2),
-                         ("var_gp-partial", 1, 3), ("var_gp", None, None),
-                         ("var_gp-partial", 2, 1)]
-    # readers of a stopped run (benchmarks/vargp_stream_progress.py, vargp_ar_coupling.py)
-    # tell the row checkpoints from the within-task snapshots
-    from ppl_cl.experiments.vargp import stream_checkpoints
-
     cut = tmp_path / "cut"
+    monkeypatch.setattr(RunContext, "save_checkpoint", dying_save)
+    stop = ("var_gp", None, None), 2  # the second task's end
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment("vargp-split-digits", out=cut, checkpoint_every_s=0, **kw)
+    # epochs 1-3 of each task (none after the last), the task's end under the row's key
+    assert saved == [("var_gp-partial", 1, 1), ("var_gp-partial", 1, 2),
+                     ("var_gp-partial", 1, 3), ("var_gp", None, None),
+                     ("var_gp-partial", 2, 1), ("var_gp-partial", 2, 2),
+                     ("var_gp-partial", 2, 3), ("var_gp", None, None)]
+    # readers of a stopped run (benchmarks/vargp_stream_progress.py, vargp_ar_coupling.py)
+    # tell the row checkpoints from the within-task snapshots ...
     assert {k: p.name for k, p in stream_checkpoints(cut).items()} == {"var_gp": "var_gp.npz"}
     assert {k: p.name for k, p in stream_checkpoints(cut, partial=True).items()} == {
         "var_gp": "var_gp-partial.npz"}
-    resumed = run_experiment("vargp-split-digits", out=tmp_path / "cut", resume=True,
+    # ... and a finished task's leftover snapshot is not a task in progress
+    rows = progress.rows_of_run(cut)
+    assert rows["var_gp"]["tasks_done"] == 2 and "in_progress" not in rows["var_gp"]
+
+    saved.clear()
+    stop = ("var_gp-partial", 3, 2), 1
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment("vargp-split-digits", out=cut, resume=True, checkpoint_every_s=0, **kw)
+    assert saved == [("var_gp-partial", 3, 1), ("var_gp-partial", 3, 2)]  # task 3 afresh
+    rows = progress.rows_of_run(cut)
+    assert rows["var_gp"]["tasks_done"] == 2
+    assert {k: rows["var_gp"]["in_progress"][k] for k in ("task", "epoch")} == {
+        "task": 3, "epoch": 2}
+    monkeypatch.setattr(RunContext, "save_checkpoint", real_save)
+
+    resumed = run_experiment("vargp-split-digits", out=cut, resume=True,
                              checkpoint_every_s=0, **kw)
     assert stream_checkpoints(cut) == {} == stream_checkpoints(cut, partial=True)
-    log = (tmp_path / "cut" / "progress.log").read_text()
-    assert "var_gp: resumed after task 2/5" in log
+    log = (cut / "progress.log").read_text()
+    assert log.count("var_gp: resumed after task 2/5") == 2
+    assert log.count("resumes after epoch") == 1
     assert "var_gp: task 3/5 resumes after epoch 2" in log
-    assert not (tmp_path / "cut" / "checkpoints").exists()
+    assert not (cut / "checkpoints").exists()
     a, b = whole["variants"]["var_gp"], resumed["variants"]["var_gp"]
     np.testing.assert_array_equal(a["accuracy_matrix"], b["accuracy_matrix"])
     np.testing.assert_array_equal(a["entropy_matrix"], b["entropy_matrix"])
     drop = ("wall_time_s", "seconds_per_epoch")
     assert ([{k: v for k, v in r.items() if k not in drop} for r in a["records"]]
             == [{k: v for k, v in r.items() if k not in drop} for r in b["records"]])
+
+
+def test_current_partial_skips_a_finished_tasks_snapshot():
+    from ppl_cl.experiments.vargp import current_partial
+
+    snap = {"task": 3, "fit": {"epoch": 2}}
+    assert current_partial(snap, 2) is snap  # saved within task 3, after 2 finished tasks
+    assert current_partial(snap, 3) is None  # task 3 has finished since
+    assert current_partial(None, 0) is None
 
 
 def test_ablation_rows_can_run_without_the_var_gp_row(tmp_path, monkeypatch):
