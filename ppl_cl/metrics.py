@@ -7,7 +7,8 @@ Continual learning over T tasks (VAR-GP, GP-Tree) is summarized by the **accurac
 Only the lower triangle ``j <= i`` enters :func:`average_accuracy`, :func:`forgetting` and
 :func:`backward_transfer`; entries ``j > i`` (tasks not trained yet) may be NaN or hold
 zero-shot accuracies and are ignored. :func:`evaluate_tasks` fills one row of R and of the
-entropy matrix with one call.
+entropy matrix with one call; :func:`paired_accuracy_difference` compares two learners scored
+on the same test points (a paired standard error of their average-accuracy difference).
 
 Online learning (Kalman filter, Titsias et al. 2024) is summarized by running means of
 per-point outcomes: :func:`average_online_accuracy` (eq. 14), :func:`cumulative_log_predictive`
@@ -36,6 +37,7 @@ __all__ = [
     "forgetting",
     "backward_transfer",
     "evaluate_tasks",
+    "paired_accuracy_difference",
     "average_online_accuracy",
     "cumulative_log_predictive",
     "average_log_predictive",
@@ -203,6 +205,75 @@ def evaluate_tasks(learner: Any, tasks: Sequence[Any], upto: int | None = None,
         accuracies[j] = predictive.accuracy(y)
         entropies[j] = predictive.entropy().mean()
     return accuracies, entropies
+
+
+def paired_accuracy_difference(correct_a: Sequence[Any], correct_b: Sequence[Any],
+                               clusters: Sequence[Any] | None = None) -> dict[str, float]:
+    """Difference of two learners' average accuracy over the same tasks' test sets, with the
+    standard error of the *paired* comparison.
+
+    ``correct_a[t][i]`` says whether learner A classified test point ``i`` of task ``t``
+    correctly (likewise B, on the same points). The average accuracy over the ``T`` tasks
+    (Chaudhry et al. 2018; VAR-GP Table 1 after the last task) is ``A = sum_{t,i} w_ti c_ti``
+    with ``w_ti = 1 / (T n_t)``, so the difference is ``D = sum_{t,i} w_ti d_ti``,
+    ``d = c_a - c_b``. Points that share a cluster id (``clusters[t][i]``; Permuted MNIST scores
+    the same test images under every task's permutation, so the image is the cluster) are one
+    draw from the test distribution; by default every point is its own cluster. With cluster
+    totals ``S_c = sum_{(t,i) in c} w_ti d_ti`` over ``C`` clusters, the cluster-robust
+    variance of a total is ``Var(D) = C / (C - 1) sum_c (S_c - D / C)^2`` (conservative when
+    tasks have different sizes). Points both learners get right, or both wrong, add nothing to
+    it: the pairing removes the test set's own sampling noise, which the unpaired binomial
+    standard error ``sqrt(sum_t (a_t (1 - a_t) + b_t (1 - b_t)) / n_t) / T`` (also returned,
+    for comparison) keeps.
+
+    Returns:
+        ``difference`` (A - B), ``se``, ``z`` (``difference / se``, inf or nan when ``se`` is
+        0), ``unpaired_se``, ``accuracy_a``, ``accuracy_b`` (all as fractions),
+        ``a_only`` / ``b_only`` (points only A / only B got right), ``num_points``,
+        ``num_clusters``.
+    """
+    if len(correct_a) != len(correct_b) or len(correct_a) == 0:
+        raise ValueError(f"correct_a, correct_b: expected the same number (> 0) of tasks, "
+                         f"received {len(correct_a)} and {len(correct_b)}")
+    T = len(correct_a)
+    ca, cb, ids = [], [], []
+    for t in range(T):
+        a, b = _vector(correct_a[t], f"correct_a[{t}]"), _vector(correct_b[t], f"correct_b[{t}]")
+        if a.shape != b.shape or a.shape[0] == 0:
+            raise ValueError(f"task {t}: expected the same number (> 0) of points for A and B, "
+                             f"received {a.shape[0]} and {b.shape[0]}")
+        for name, c in (("correct_a", a), ("correct_b", b)):
+            if not np.isin(c, (0.0, 1.0)).all():
+                raise ValueError(f"{name}[{t}]: expected booleans or 0/1 values")
+        ca.append(a)
+        cb.append(b)
+        if clusters is None:
+            ids.append(np.arange(a.shape[0]) + sum(x.shape[0] for x in ca[:-1]))
+        else:
+            c = np.asarray(clusters[t]).reshape(-1)
+            if c.shape != a.shape:
+                raise ValueError(f"clusters[{t}]: expected {a.shape[0]} ids, received "
+                                 f"{c.shape[0]}")
+            ids.append(c)
+    if clusters is not None and len(clusters) != T:
+        raise ValueError(f"clusters: expected {T} arrays (one per task), received {len(clusters)}")
+    w = np.concatenate([np.full(a.shape[0], 1.0 / (T * a.shape[0])) for a in ca])
+    a_all, b_all = np.concatenate(ca), np.concatenate(cb)
+    wd = w * (a_all - b_all)
+    _, inverse = np.unique(np.concatenate(ids), return_inverse=True)
+    S = np.bincount(inverse, weights=wd)
+    C, D = S.shape[0], float(wd.sum())
+    se = math.sqrt(C / (C - 1) * float(((S - D / C) ** 2).sum())) if C > 1 else float("nan")
+    acc_a = np.array([a.mean() for a in ca])
+    acc_b = np.array([b.mean() for b in cb])
+    n = np.array([a.shape[0] for a in ca], dtype=float)
+    unpaired = math.sqrt(float(((acc_a * (1 - acc_a) + acc_b * (1 - acc_b)) / n).sum())) / T
+    z = D / se if se > 0 else (float("nan") if D == 0 else math.copysign(math.inf, D))
+    return {"difference": D, "se": se, "z": z, "unpaired_se": unpaired,
+            "accuracy_a": float(acc_a.mean()), "accuracy_b": float(acc_b.mean()),
+            "a_only": int(((a_all == 1) & (b_all == 0)).sum()),
+            "b_only": int(((a_all == 0) & (b_all == 1)).sum()),
+            "num_points": int(a_all.shape[0]), "num_clusters": int(C)}
 
 
 # -- online (prequential) metrics -------------------------------------------------------------

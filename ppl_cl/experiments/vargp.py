@@ -26,7 +26,9 @@ from ppl_cl.experiments.base import CHECKPOINT_DIR, PaperNumber, RunContext, reg
 from ppl_cl.persist import CheckpointError
 
 __all__ = ["ToyConfig", "StreamConfig", "SplitMNISTConfig", "PermutedMNISTConfig",
-           "SplitDigitsConfig", "VARIANTS", "PARTIAL", "run_stream", "stream_checkpoints"]
+           "SplitDigitsConfig", "VARIANTS", "PARTIAL", "STREAMS", "run_stream", "stream_checkpoints",
+           "current_partial", "variant_learner_kwargs", "split_mnist_stream", "permuted_mnist_stream",
+           "split_digits_stream"]
 
 # summary-key suffix -> learner options (Table 1 rows; "var_gp" is the method itself)
 VARIANTS: dict[str, dict[str, str]] = {
@@ -187,7 +189,9 @@ class ToyConfig:
 # ---------------------------------------------------------------------------------------------
 # the continual loop shared by the stream experiments
 # ---------------------------------------------------------------------------------------------
-def _learner_kwargs(config: StreamConfig, ctx: RunContext, variant: str) -> dict[str, Any]:
+def variant_learner_kwargs(config: StreamConfig, ctx: RunContext,
+                           variant: str) -> dict[str, Any]:
+    """The ``VARGP`` keyword arguments of row ``variant`` (:data:`VARIANTS`) of a stream run."""
     max_epochs = config.max_epochs
     if variant != "var_gp" and getattr(config, "ablation_max_epochs", 0):
         max_epochs = config.ablation_max_epochs
@@ -456,7 +460,7 @@ def _stream_experiment(config: StreamConfig, ctx: RunContext, tasks, valids, num
     results: dict[str, dict] = {}
     for variant in variants:
         results[variant] = run_stream(tasks, valids, num_classes,
-                                      _learner_kwargs(config, ctx, variant), ctx,
+                                      variant_learner_kwargs(config, ctx, variant), ctx,
                                       desc=f"{title} {_LABELS[variant]}", key=variant,
                                       task_valids=task_valids)
     first = variants[0]   # VAR-GP unless run_var_gp=False
@@ -502,11 +506,11 @@ def _stream_experiment(config: StreamConfig, ctx: RunContext, tasks, valids, num
     return metrics
 
 
-def _mnist(ctx: RunContext):
+def _mnist(data_dir: str | None):
     from ppl_cl.data.loaders import load_mnist
 
-    xtr, ytr = load_mnist("train", data_dir=ctx.data_dir)
-    xte, yte = load_mnist("test", data_dir=ctx.data_dir)
+    xtr, ytr = load_mnist("train", data_dir=data_dir)
+    xte, yte = load_mnist("test", data_dir=data_dir)
     return xtr, ytr, xte, yte
 
 
@@ -516,6 +520,19 @@ _SPLIT_QUICK = dict(inducing_per_task=8, train_per_task=200, test_per_task=100, 
                     posterior_draws=20)
 
 
+def split_mnist_stream(config: SplitMNISTConfig, seed: int, data_dir: str | None = None):
+    """The tasks and per-task validation batches of ``vargp-split-mnist`` at ``config`` and
+    ``seed`` (what the experiment trains and scores)."""
+    from ppl_cl.data.streams import SPLIT_MNIST_CLASS_GROUPS, split_tasks, validation_split
+
+    xtr, ytr, xte, yte = _mnist(data_dir)
+    (xa, ya), (xv, yv) = validation_split(xtr, ytr, config.n_valid, seed=seed)
+    groups = SPLIT_MNIST_CLASS_GROUPS
+    tasks = _shrink(split_tasks(xa, ya, xte, yte, groups), config.train_per_task,
+                    config.test_per_task, seed)
+    return tasks, _split_valid(xv, yv, groups)
+
+
 @register("vargp-split-mnist", SplitMNISTConfig, quick=_SPLIT_QUICK, headline=True,
           paper=_table1_column({"var_gp": (90.57, 1.06), "block_diag": (78.64, 1.41),
                                 "mle_hypers": (10.09, 0.40), "global": (39.31, 0.28)},
@@ -523,21 +540,38 @@ _SPLIT_QUICK = dict(inducing_per_task=8, train_per_task=200, test_per_task=100, 
           description="VAR-GP on Split MNIST (5 digit-pair tasks, single head) + ablations")
 def split_mnist(config: SplitMNISTConfig, ctx: RunContext) -> dict:
     """VAR-GP on Split MNIST with the ablation rows of Table 1."""
-    from ppl_cl.data.streams import SPLIT_MNIST_CLASS_GROUPS, split_tasks, validation_split
+    from ppl_cl.data.streams import SPLIT_MNIST_CLASS_GROUPS
 
-    xtr, ytr, xte, yte = _mnist(ctx)
-    (xa, ya), (xv, yv) = validation_split(xtr, ytr, config.n_valid, seed=ctx.seed)
-    groups = SPLIT_MNIST_CLASS_GROUPS
-    tasks = _shrink(split_tasks(xa, ya, xte, yte, groups), config.train_per_task,
-                    config.test_per_task, ctx.seed)
-    return _stream_experiment(config, ctx, tasks, _split_valid(xv, yv, groups), 10,
-                              "Split MNIST", 28, groups)
+    tasks, valids = split_mnist_stream(config, ctx.seed, ctx.data_dir)
+    return _stream_experiment(config, ctx, tasks, valids, 10, "Split MNIST", 28,
+                              SPLIT_MNIST_CLASS_GROUPS)
 
 
 _PERMUTED_QUICK = dict(n_tasks=3, inducing_per_task=10, train_per_task=300, test_per_task=150,
                        n_valid=200, batch_size=100, max_epochs=12, patience=5,
                        learning_rate=3e-2, beta=1.0, num_theta_samples=1, num_f_samples=5,
                        num_predict_samples=3, ablations=(), posterior_draws=20)
+
+
+def permuted_mnist_stream(config: PermutedMNISTConfig, seed: int, data_dir: str | None = None):
+    """The tasks and per-task validation batches of ``vargp-permuted-mnist`` at ``config`` and
+    ``seed``: every task permutes the same training and test images (and the validation set,
+    10000 training images by default) with its own fixed pixel permutation."""
+    from ppl_cl.batch import Batch
+    from ppl_cl.data.streams import permuted_tasks, task_permutations, validation_split
+
+    xtr, ytr, xte, yte = _mnist(data_dir)
+    (xa, ya), (xv, yv) = validation_split(xtr, ytr, config.n_valid, seed=seed)
+    if config.train_per_task and config.train_per_task < len(xa):
+        keep = np.sort(np.random.default_rng(seed).permutation(len(xa))[:config.train_per_task])
+        xa, ya = xa[keep], ya[keep]
+    if config.test_per_task and config.test_per_task < len(xte):
+        keep = np.sort(np.random.default_rng(seed + 1).permutation(len(xte))[
+            :config.test_per_task])
+        xte, yte = xte[keep], yte[keep]
+    tasks = permuted_tasks(xa, ya, xte, yte, n_tasks=config.n_tasks, seed=seed)
+    perms = task_permutations(xa.shape[1], config.n_tasks, seed=seed)
+    return tasks, [Batch(xv[:, p], yv, t) for t, p in enumerate(perms)]
 
 
 @register("vargp-permuted-mnist", PermutedMNISTConfig, quick=_PERMUTED_QUICK,
@@ -548,21 +582,7 @@ _PERMUTED_QUICK = dict(n_tasks=3, inducing_per_task=10, train_per_task=300, test
 def permuted_mnist(config: PermutedMNISTConfig, ctx: RunContext) -> dict:
     """VAR-GP on Permuted MNIST: one fixed pixel permutation per task; the validation set
     (10000 training images) is permuted with each task's permutation."""
-    from ppl_cl.batch import Batch
-    from ppl_cl.data.streams import permuted_tasks, task_permutations, validation_split
-
-    xtr, ytr, xte, yte = _mnist(ctx)
-    (xa, ya), (xv, yv) = validation_split(xtr, ytr, config.n_valid, seed=ctx.seed)
-    if config.train_per_task and config.train_per_task < len(xa):
-        keep = np.sort(np.random.default_rng(ctx.seed).permutation(len(xa))[:config.train_per_task])
-        xa, ya = xa[keep], ya[keep]
-    if config.test_per_task and config.test_per_task < len(xte):
-        keep = np.sort(np.random.default_rng(ctx.seed + 1).permutation(len(xte))[
-            :config.test_per_task])
-        xte, yte = xte[keep], yte[keep]
-    tasks = permuted_tasks(xa, ya, xte, yte, n_tasks=config.n_tasks, seed=ctx.seed)
-    perms = task_permutations(xa.shape[1], config.n_tasks, seed=ctx.seed)
-    valids = [Batch(xv[:, p], yv, t) for t, p in enumerate(perms)]
+    tasks, valids = permuted_mnist_stream(config, ctx.seed, ctx.data_dir)
     return _stream_experiment(config, ctx, tasks, valids, 10, "Permuted MNIST", 28, None)
 
 
@@ -570,22 +590,37 @@ _DIGITS_QUICK = dict(inducing_per_task=8, max_epochs=15, patience=5, num_theta_s
                      num_f_samples=5, num_predict_samples=5, posterior_draws=20)
 
 
-@register("vargp-split-digits", SplitDigitsConfig, quick=_DIGITS_QUICK,
-          description="VAR-GP, Split-MNIST protocol on sklearn 8x8 digits (offline) + ablations")
-def split_digits(config: SplitDigitsConfig, ctx: RunContext) -> dict:
-    """The Split-MNIST protocol on scikit-learn's digits: a seeded test split of
-    ``n_test`` images, a validation split of ``n_valid`` of the rest, five digit-pair tasks."""
+def split_digits_stream(config: SplitDigitsConfig, seed: int, data_dir: str | None = None):
+    """The tasks and per-task validation batches of ``vargp-split-digits`` at ``config`` and
+    ``seed``: a seeded test split of ``n_test`` images, a validation split of ``n_valid`` of
+    the rest, five digit-pair tasks (``data_dir`` is unused: the digits ship with sklearn)."""
     from ppl_cl.data.loaders import load_digits
     from ppl_cl.data.streams import SPLIT_MNIST_CLASS_GROUPS, split_tasks, validation_split
 
     x, y = load_digits()
-    (xa, ya), (xte, yte) = validation_split(x, y, config.n_test, seed=ctx.seed)
-    (xtr, ytr), (xv, yv) = validation_split(xa, ya, config.n_valid, seed=ctx.seed + 1)
+    (xa, ya), (xte, yte) = validation_split(x, y, config.n_test, seed=seed)
+    (xtr, ytr), (xv, yv) = validation_split(xa, ya, config.n_valid, seed=seed + 1)
     groups = SPLIT_MNIST_CLASS_GROUPS
     tasks = _shrink(split_tasks(xtr, ytr, xte, yte, groups), config.train_per_task,
-                    config.test_per_task, ctx.seed)
-    return _stream_experiment(config, ctx, tasks, _split_valid(xv, yv, groups), 10,
-                              "Split digits", 8, groups)
+                    config.test_per_task, seed)
+    return tasks, _split_valid(xv, yv, groups)
+
+
+@register("vargp-split-digits", SplitDigitsConfig, quick=_DIGITS_QUICK,
+          description="VAR-GP, Split-MNIST protocol on sklearn 8x8 digits (offline) + ablations")
+def split_digits(config: SplitDigitsConfig, ctx: RunContext) -> dict:
+    """The Split-MNIST protocol on scikit-learn's digits (:func:`split_digits_stream`)."""
+    from ppl_cl.data.streams import SPLIT_MNIST_CLASS_GROUPS
+
+    tasks, valids = split_digits_stream(config, ctx.seed, ctx.data_dir)
+    return _stream_experiment(config, ctx, tasks, valids, 10, "Split digits", 8,
+                              SPLIT_MNIST_CLASS_GROUPS)
+
+
+#: experiment name -> the function that builds its tasks and validation batches
+STREAMS = {"vargp-split-mnist": split_mnist_stream,
+           "vargp-permuted-mnist": permuted_mnist_stream,
+           "vargp-split-digits": split_digits_stream}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -626,6 +626,72 @@ def test_current_partial_skips_a_finished_tasks_snapshot():
     assert current_partial(None, 0) is None
 
 
+def test_paired_comparison_of_two_runs(tmp_path, monkeypatch):
+    """benchmarks/vargp_paired.py rebuilds a run's task stream from its config.json, loads the
+    learner of a finished run (``vargp.npz``) or of a stopped one (its row checkpoint), and
+    reproduces the run's own accuracies exactly; the paired difference of two rows is the
+    difference of their final average accuracies; runs after different tasks are refused."""
+    import importlib.util
+    from pathlib import Path
+
+    from ppl_cl.experiments.base import run_experiment
+
+    spec = importlib.util.spec_from_file_location(
+        "vargp_paired", Path(__file__).resolve().parents[2] / "benchmarks" / "vargp_paired.py")
+    paired = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(paired)
+
+    kw = dict(quick=True, show_progress=False, seed=3)
+    a = run_experiment("vargp-split-digits", out=tmp_path / "a",
+                       overrides={"ablations": "[]", "max_epochs": "2"}, **kw)
+    b = run_experiment("vargp-split-digits", out=tmp_path / "b",
+                       overrides={"ablations": "[block_diag]", "run_var_gp": "false",
+                                  "max_epochs": "2"}, **kw)
+    res = paired.compare(tmp_path / "a", tmp_path / "b")
+    assert (res["a"]["row"], res["b"]["row"], res["tasks_done"]) == ("var_gp", "block_diag", 5)
+    assert res["a"]["max_abs_diff_from_run_R"] == 0 == res["b"]["max_abs_diff_from_run_R"]
+    avg = res["average"]
+    assert 100 * avg["accuracy_a"] == pytest.approx(a["summary"]["final_avg_accuracy"])
+    assert 100 * avg["accuracy_b"] == pytest.approx(
+        b["summary"]["final_avg_accuracy_block_diag"])
+    assert 100 * avg["difference"] == pytest.approx(
+        a["summary"]["final_avg_accuracy"] - b["summary"]["final_avg_accuracy_block_diag"])
+    assert avg["se"] > 0 and res["clusters"] == "test point" and len(res["per_task"]) == 5
+    assert "# VAR-GP against + Block Diag." in paired._markdown(res)
+
+    real_update, calls = VARGP.update, []
+
+    def dying_update(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_update(self, *args, **kwargs)
+
+    monkeypatch.setattr(VARGP, "update", dying_update)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment("vargp-split-digits", out=tmp_path / "c",
+                       overrides={"ablations": "[]", "max_epochs": "2"}, **kw)
+    monkeypatch.setattr(VARGP, "update", real_update)
+    res = paired.compare(tmp_path / "c", tmp_path / "c")
+    assert res["tasks_done"] == 2 and res["a"]["max_abs_diff_from_run_R"] == 0
+    assert res["average"]["difference"] == 0 and res["average"]["se"] == 0
+    # the stopped run's first two tasks are the finished run's (same seed and settings)
+    assert res["average"]["accuracy_a"] == pytest.approx(
+        np.mean(a["variants"]["var_gp"]["accuracy_matrix"][1, :2]))
+    with pytest.raises(ValueError, match="same task"):
+        paired.compare(tmp_path / "a", tmp_path / "c")
+    # runs of other seeds or test sets are refused (config.json of a copy of run b, edited)
+    cfg = json.loads((tmp_path / "b" / "config.json").read_text())
+    for key, value, match in (("seed", 4, "seed"), ("n_test", 100, "n_test")):
+        other = tmp_path / f"b_{key}"
+        other.mkdir()
+        edited = {**cfg, "seed": value} if key == "seed" else {
+            **cfg, "config": {**cfg["config"], key: value}}
+        (other / "config.json").write_text(json.dumps(edited))
+        with pytest.raises(ValueError, match=match):
+            paired.compare(tmp_path / "a", other)
+
+
 def test_ablation_rows_can_run_without_the_var_gp_row(tmp_path, monkeypatch):
     """``run_var_gp=False`` trains only the ablations (no throwaway VAR-GP stage): one learner
     per ablation, their Table 1 keys and the first ablation's suffixed forgetting/time keys."""

@@ -1,0 +1,189 @@
+"""Two VAR-GP stream runs compared image by image: a paired standard error for a Table 1 gap.
+
+Two rows of Table 1 run at the same seed and data settings (say VAR-GP and + Block Diag. on
+Permuted MNIST) are scored on the *same* test images, so the noise of their final average
+accuracies is largely shared: an image both get right (or both wrong) says nothing about which
+is better. The unpaired binomial standard error of one average overstates the uncertainty of
+their difference. This script rebuilds the runs' task stream
+(``ppl_cl.experiments.vargp.STREAMS``, from each run's ``config.json``), loads each run's learner
+after the same number of tasks (the final ``vargp.npz`` of a finished run, or the row's
+checkpoint ``checkpoints/<row>.npz`` of a stopped one), predicts every seen task's test set,
+checks that the accuracies equal the run's own accuracy matrix, and reports
+:func:`ppl_cl.metrics.paired_accuracy_difference`: the difference A - B of the average accuracy
+over the tasks seen, its paired standard error (on Permuted MNIST every task scores the same
+test images under its own permutation, so an image is one cluster), ``z``, the unpaired
+binomial standard error for comparison, and the counts of images only A / only B classifies
+correctly. The same per-task comparison is listed for each task.
+
+Usage::
+
+    python benchmarks/vargp_paired.py runs/perm100_vargp_s1 runs/perm100_block_s1 \\
+        --out benchmarks/results/vargp_permuted_mnist_len100_seed1_paired.json
+
+Writes JSON (and a Markdown table beside it, same stem). Nothing is trained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ppl_cl.experiments.base import RunContext, build_config, get
+from ppl_cl.experiments.vargp import STREAMS, stream_checkpoints, variant_learner_kwargs
+from ppl_cl.learners.vargp import VARGP
+from ppl_cl.metrics import paired_accuracy_difference
+from ppl_cl.persist import load_tree
+
+ROW_LABELS = {"var_gp": "VAR-GP", "block_diag": "+ Block Diag.", "mle_hypers": "+ MLE Hypers",
+              "global": "+ Global", "fixed_hypers": "fixed hypers (diagnostic)"}
+#: the stream's test images are the same under every task (a cluster per image)
+SHARED_TEST_IMAGES = {"vargp-permuted-mnist"}
+#: config fields that decide the task stream (they must agree between the two runs)
+DATA_FIELDS = ("n_tasks", "n_valid", "n_test", "train_per_task", "test_per_task")
+
+
+def _run_config(run_dir: Path) -> dict:
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir}: no config.json (not a `ppl-cl run` folder?)")
+    return json.loads(path.read_text())
+
+
+def _variants(cfg: dict) -> list[str]:
+    c = cfg["config"]
+    return (["var_gp"] if c.get("run_var_gp", True) else []) + list(c.get("ablations", []))
+
+
+def learner_of_run(run_dir: Path, config, row: str | None = None
+                   ) -> tuple[str, VARGP, np.ndarray]:
+    """(row, learner, accuracy matrix R) of a stream run: the first row's final learner
+    (``vargp.npz``) of a finished run, else row ``row``'s checkpoint (default: the run's first
+    row that has one), in a learner built as the experiment builds it from ``config``. Rows
+    of R after the learner's last task are NaN."""
+    cfg = _run_config(run_dir)
+    variants = _variants(cfg)
+    final = run_dir / "vargp.npz"
+    if (run_dir / "metrics.json").is_file() and final.is_file():
+        if row not in (None, variants[0]):
+            raise ValueError(f"{run_dir}: a finished run keeps the learner of its first row "
+                             f"({variants[0]}) only, not {row!r}")
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+        R = np.asarray(metrics["variants"][variants[0]]["accuracy_matrix"], dtype=float)
+        return variants[0], VARGP.load(final), R
+    rows = stream_checkpoints(run_dir)
+    if not rows:
+        raise FileNotFoundError(f"{run_dir}: neither a finished run (metrics.json, vargp.npz) "
+                                "nor row checkpoints")
+    row = row or next(v for v in variants if v in rows)
+    if row not in rows:
+        raise ValueError(f"{run_dir}: no checkpoint of row {row!r} (has {sorted(rows)})")
+    state = load_tree(rows[row])[0]
+    ctx = RunContext(out_dir=run_dir, seed=int(cfg["seed"]), show_progress=False)
+    learner = VARGP(10, **variant_learner_kwargs(config, ctx, row))
+    learner.load_state_dict(state["learner"])
+    return row, learner, np.asarray(state["R"], dtype=float)
+
+
+def compare(run_a: Path, run_b: Path, row_a: str | None = None, row_b: str | None = None,
+            data_dir: str | None = None) -> dict:
+    """The paired comparison of the module docstring, as a JSON-able dict."""
+    cfg_a, cfg_b = _run_config(run_a), _run_config(run_b)
+    for key in ("experiment", "seed", "quick"):
+        if cfg_a[key] != cfg_b[key]:
+            raise ValueError(f"{key}: {run_a} has {cfg_a[key]!r}, {run_b} has {cfg_b[key]!r}")
+    experiment, seed = cfg_a["experiment"], int(cfg_a["seed"])
+    if experiment not in STREAMS:
+        raise ValueError(f"{experiment}: not a VAR-GP stream experiment ({sorted(STREAMS)})")
+    for key in DATA_FIELDS:
+        if cfg_a["config"].get(key) != cfg_b["config"].get(key):
+            raise ValueError(f"config.{key}: {run_a} has {cfg_a['config'].get(key)!r}, "
+                             f"{run_b} has {cfg_b['config'].get(key)!r} (different test sets)")
+    config = build_config(get(experiment), quick=cfg_a["quick"],
+                          overrides=cfg_a.get("overrides"))
+    rebuilt = json.loads(json.dumps(dataclasses.asdict(config)))
+    for key, value in cfg_a["config"].items():
+        if key in rebuilt and rebuilt[key] != value:
+            raise ValueError(f"config.{key}: the run had {value!r}, rebuilding its config from "
+                             f"its overrides gives {rebuilt[key]!r} (a default changed since)")
+    tasks, _ = STREAMS[experiment](config, seed, data_dir)
+
+    (row_a, learner_a, R_a), (row_b, learner_b, R_b) = (
+        learner_of_run(run_a, config, row_a), learner_of_run(run_b, config, row_b))
+    k = learner_a.num_updates
+    if learner_b.num_updates != k:
+        raise ValueError(f"{run_a} ({row_a}) has {k} tasks done, {run_b} ({row_b}) "
+                         f"{learner_b.num_updates}: compare learners after the same task")
+    correct = {}
+    check = {}
+    for name, learner, R in (("a", learner_a, R_a), ("b", learner_b, R_b)):
+        correct[name] = []
+        for j in range(k):
+            y = np.asarray(tasks[j].test.y).reshape(-1)
+            correct[name].append(learner.predict(tasks[j].test.x).predicted_class() == y)
+        acc = np.array([c.mean() for c in correct[name]])
+        check[name] = float(np.max(np.abs(acc - R[k - 1, :k])))
+    shared = experiment in SHARED_TEST_IMAGES
+    clusters = [np.arange(len(c)) for c in correct["a"]] if shared else None
+    overall = paired_accuracy_difference(correct["a"], correct["b"], clusters)
+    per_task = [paired_accuracy_difference([correct["a"][j]], [correct["b"][j]])
+                for j in range(k)]
+    return {"experiment": experiment, "seed": seed, "tasks_done": k,
+            "a": {"run": str(run_a), "row": row_a, "label": ROW_LABELS.get(row_a, row_a),
+                  "max_abs_diff_from_run_R": check["a"]},
+            "b": {"run": str(run_b), "row": row_b, "label": ROW_LABELS.get(row_b, row_b),
+                  "max_abs_diff_from_run_R": check["b"]},
+            "clusters": "test image (shared by every task)" if shared else "test point",
+            "average": overall, "per_task": per_task}
+
+
+def _markdown(res: dict) -> str:
+    a, b, o = res["a"]["label"], res["b"]["label"], res["average"]
+    pct = lambda v: f"{100 * v:.2f}"  # noqa: E731
+    lines = [
+        f"# {a} against {b}, paired on the same test images",
+        "",
+        f"{res['experiment']}, seed {res['seed']}, after task {res['tasks_done']}: runs "
+        f"`{res['a']['run']}` ({res['a']['row']}) and `{res['b']['run']}` ({res['b']['row']}). "
+        f"Accuracies recomputed from the learners; largest difference from the runs' own "
+        f"accuracy matrices: {res['a']['max_abs_diff_from_run_R']:.2g} (A), "
+        f"{res['b']['max_abs_diff_from_run_R']:.2g} (B). Clusters: {res['clusters']}.",
+        "",
+        "| | A (%) | B (%) | A - B (points) | paired SE | z | unpaired SE | only A right |"
+        " only B right |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| average over tasks 1..{res['tasks_done']} | {pct(o['accuracy_a'])} | "
+        f"{pct(o['accuracy_b'])} | {pct(o['difference'])} | {pct(o['se'])} | {o['z']:.2f} | "
+        f"{pct(o['unpaired_se'])} | {o['a_only']} | {o['b_only']} |",
+    ]
+    for j, t in enumerate(res["per_task"]):
+        lines.append(f"| task {j + 1} | {pct(t['accuracy_a'])} | {pct(t['accuracy_b'])} | "
+                     f"{pct(t['difference'])} | {pct(t['se'])} | {t['z']:.2f} | "
+                     f"{pct(t['unpaired_se'])} | {t['a_only']} | {t['b_only']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("run_a", type=Path)
+    ap.add_argument("run_b", type=Path)
+    ap.add_argument("--row-a", default=None, help="row of run A (default: its first)")
+    ap.add_argument("--row-b", default=None, help="row of run B (default: its first)")
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    res = compare(args.run_a, args.run_b, args.row_a, args.row_b, args.data_dir)
+    md = _markdown(res)
+    print(md)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(res, indent=2) + "\n")
+        args.out.with_suffix(".md").write_text(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
