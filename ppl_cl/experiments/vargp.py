@@ -26,9 +26,9 @@ from ppl_cl.experiments.base import CHECKPOINT_DIR, PaperNumber, RunContext, reg
 from ppl_cl.persist import CheckpointError
 
 __all__ = ["ToyConfig", "StreamConfig", "SplitMNISTConfig", "PermutedMNISTConfig",
-           "SplitDigitsConfig", "VARIANTS", "PARTIAL", "STREAMS", "run_stream", "stream_checkpoints",
-           "current_partial", "variant_learner_kwargs", "split_mnist_stream", "permuted_mnist_stream",
-           "split_digits_stream"]
+           "SplitDigitsConfig", "VARIANTS", "PARTIAL", "STREAMS", "run_stream",
+           "stream_checkpoints", "current_partial", "variant_learner_kwargs",
+           "split_mnist_stream", "permuted_mnist_stream", "split_digits_stream"]
 
 # summary-key suffix -> learner options (Table 1 rows; "var_gp" is the method itself)
 VARIANTS: dict[str, dict[str, str]] = {
