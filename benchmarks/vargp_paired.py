@@ -142,7 +142,8 @@ def compare(run_a: Path, run_b: Path, row_a: str | None = None, row_b: str | Non
 
 def _markdown(res: dict) -> str:
     a, b, o = res["a"]["label"], res["b"]["label"], res["average"]
-    pct = lambda v: f"{100 * v:.2f}"  # noqa: E731
+    pct = lambda v: f"{round(100 * v, 2) + 0.0:.2f}"  # noqa: E731  (+ 0.0: no "-0.00")
+    num = lambda v: f"{round(v, 2) + 0.0:.2f}"  # noqa: E731
     lines = [
         f"# {a} against {b}, paired on the same test images",
         "",
@@ -156,12 +157,12 @@ def _markdown(res: dict) -> str:
         " only B right |",
         "|---|---|---|---|---|---|---|---|---|",
         f"| average over tasks 1..{res['tasks_done']} | {pct(o['accuracy_a'])} | "
-        f"{pct(o['accuracy_b'])} | {pct(o['difference'])} | {pct(o['se'])} | {o['z']:.2f} | "
+        f"{pct(o['accuracy_b'])} | {pct(o['difference'])} | {pct(o['se'])} | {num(o['z'])} | "
         f"{pct(o['unpaired_se'])} | {o['a_only']} | {o['b_only']} |",
     ]
     for j, t in enumerate(res["per_task"]):
         lines.append(f"| task {j + 1} | {pct(t['accuracy_a'])} | {pct(t['accuracy_b'])} | "
-                     f"{pct(t['difference'])} | {pct(t['se'])} | {t['z']:.2f} | "
+                     f"{pct(t['difference'])} | {pct(t['se'])} | {num(t['z'])} | "
                      f"{pct(t['unpaired_se'])} | {t['a_only']} | {t['b_only']} |")
     return "\n".join(lines) + "\n"
 
