@@ -33,56 +33,62 @@ from pathlib import Path
 import numpy as np
 
 from ppl_cl.experiments.base import RunContext, build_config, get
-from ppl_cl.experiments.vargp import STREAMS, stream_checkpoints, variant_learner_kwargs
+from ppl_cl.experiments.vargp import (ROW_LABELS, STREAMS, stream_checkpoints, stream_rows,
+                                      variant_learner_kwargs)
 from ppl_cl.learners.vargp import VARGP
 from ppl_cl.metrics import paired_accuracy_difference
 from ppl_cl.persist import load_tree
 
-ROW_LABELS = {"var_gp": "VAR-GP", "block_diag": "+ Block Diag.", "mle_hypers": "+ MLE Hypers",
-              "global": "+ Global", "fixed_hypers": "fixed hypers (diagnostic)"}
 #: the stream's test images are the same under every task (a cluster per image)
 SHARED_TEST_IMAGES = {"vargp-permuted-mnist"}
 #: config fields that decide the task stream (they must agree between the two runs)
 DATA_FIELDS = ("n_tasks", "n_valid", "n_test", "train_per_task", "test_per_task")
 
 
-def _run_config(run_dir: Path) -> dict:
+def run_config(run_dir: Path) -> tuple[dict, object]:
+    """(``config.json`` of a run, the experiment's config rebuilt from its overrides); refuses
+    a run whose rebuilt config differs from the recorded one (a default changed since)."""
     path = run_dir / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir}: no config.json (not a `ppl-cl run` folder?)")
-    return json.loads(path.read_text())
+    recorded = json.loads(path.read_text())
+    if recorded["experiment"] not in STREAMS:
+        raise ValueError(f"{recorded['experiment']}: not a VAR-GP stream experiment "
+                         f"({sorted(STREAMS)})")
+    config = build_config(get(recorded["experiment"]), quick=recorded["quick"],
+                          overrides=recorded.get("overrides"))
+    rebuilt = json.loads(json.dumps(dataclasses.asdict(config)))
+    for key, value in recorded["config"].items():
+        if key in rebuilt and rebuilt[key] != value:
+            raise ValueError(f"{run_dir}: config.{key} was {value!r}, rebuilding the config from "
+                             f"its overrides gives {rebuilt[key]!r} (a default changed since)")
+    return recorded, config
 
 
-def _variants(cfg: dict) -> list[str]:
-    c = cfg["config"]
-    return (["var_gp"] if c.get("run_var_gp", True) else []) + list(c.get("ablations", []))
-
-
-def learner_of_run(run_dir: Path, config, row: str | None = None
+def learner_of_run(run_dir: Path, recorded: dict, config, row: str | None = None
                    ) -> tuple[str, VARGP, np.ndarray]:
-    """(row, learner, accuracy matrix R) of a stream run: the first row's final learner
-    (``vargp.npz``) of a finished run, else row ``row``'s checkpoint (default: the run's first
-    row that has one), in a learner built as the experiment builds it from ``config``. Rows
-    of R after the learner's last task are NaN."""
-    cfg = _run_config(run_dir)
-    variants = _variants(cfg)
+    """(row, learner, accuracy matrix R) of a stream run (``recorded, config`` from
+    :func:`run_config`): the first row's final learner (``vargp.npz``) of a finished run, else
+    row ``row``'s checkpoint (default: the run's first row that has one), in a learner built as
+    the experiment builds it. Rows of R after the learner's last task are NaN."""
+    rows_run = stream_rows(config)
     final = run_dir / "vargp.npz"
     if (run_dir / "metrics.json").is_file() and final.is_file():
-        if row not in (None, variants[0]):
+        if row not in (None, rows_run[0]):
             raise ValueError(f"{run_dir}: a finished run keeps the learner of its first row "
-                             f"({variants[0]}) only, not {row!r}")
+                             f"({rows_run[0]}) only, not {row!r}")
         metrics = json.loads((run_dir / "metrics.json").read_text())
-        R = np.asarray(metrics["variants"][variants[0]]["accuracy_matrix"], dtype=float)
-        return variants[0], VARGP.load(final), R
+        R = np.asarray(metrics["variants"][rows_run[0]]["accuracy_matrix"], dtype=float)
+        return rows_run[0], VARGP.load(final), R
     rows = stream_checkpoints(run_dir)
     if not rows:
         raise FileNotFoundError(f"{run_dir}: neither a finished run (metrics.json, vargp.npz) "
                                 "nor row checkpoints")
-    row = row or next(v for v in variants if v in rows)
+    row = row or next(v for v in rows_run if v in rows)
     if row not in rows:
         raise ValueError(f"{run_dir}: no checkpoint of row {row!r} (has {sorted(rows)})")
     state = load_tree(rows[row])[0]
-    ctx = RunContext(out_dir=run_dir, seed=int(cfg["seed"]), show_progress=False)
+    ctx = RunContext(out_dir=run_dir, seed=int(recorded["seed"]), show_progress=False)
     learner = VARGP(10, **variant_learner_kwargs(config, ctx, row))
     learner.load_state_dict(state["learner"])
     return row, learner, np.asarray(state["R"], dtype=float)
@@ -91,28 +97,19 @@ def learner_of_run(run_dir: Path, config, row: str | None = None
 def compare(run_a: Path, run_b: Path, row_a: str | None = None, row_b: str | None = None,
             data_dir: str | None = None) -> dict:
     """The paired comparison of the module docstring, as a JSON-able dict."""
-    cfg_a, cfg_b = _run_config(run_a), _run_config(run_b)
+    (cfg_a, config_a), (cfg_b, config_b) = run_config(run_a), run_config(run_b)
     for key in ("experiment", "seed", "quick"):
         if cfg_a[key] != cfg_b[key]:
             raise ValueError(f"{key}: {run_a} has {cfg_a[key]!r}, {run_b} has {cfg_b[key]!r}")
     experiment, seed = cfg_a["experiment"], int(cfg_a["seed"])
-    if experiment not in STREAMS:
-        raise ValueError(f"{experiment}: not a VAR-GP stream experiment ({sorted(STREAMS)})")
     for key in DATA_FIELDS:
         if cfg_a["config"].get(key) != cfg_b["config"].get(key):
             raise ValueError(f"config.{key}: {run_a} has {cfg_a['config'].get(key)!r}, "
                              f"{run_b} has {cfg_b['config'].get(key)!r} (different test sets)")
-    config = build_config(get(experiment), quick=cfg_a["quick"],
-                          overrides=cfg_a.get("overrides"))
-    rebuilt = json.loads(json.dumps(dataclasses.asdict(config)))
-    for key, value in cfg_a["config"].items():
-        if key in rebuilt and rebuilt[key] != value:
-            raise ValueError(f"config.{key}: the run had {value!r}, rebuilding its config from "
-                             f"its overrides gives {rebuilt[key]!r} (a default changed since)")
-    tasks, _ = STREAMS[experiment](config, seed, data_dir)
+    tasks, _ = STREAMS[experiment](config_a, seed, data_dir)
 
-    (row_a, learner_a, R_a), (row_b, learner_b, R_b) = (
-        learner_of_run(run_a, config, row_a), learner_of_run(run_b, config, row_b))
+    row_a, learner_a, R_a = learner_of_run(run_a, cfg_a, config_a, row_a)
+    row_b, learner_b, R_b = learner_of_run(run_b, cfg_b, config_b, row_b)
     k = learner_a.num_updates
     if learner_b.num_updates != k:
         raise ValueError(f"{run_a} ({row_a}) has {k} tasks done, {run_b} ({row_b}) "

@@ -28,12 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ppl_cl.experiments.vargp import current_partial, stream_checkpoints
+from ppl_cl.experiments.vargp import ROW_LABELS, current_partial, stream_checkpoints
 from ppl_cl.metrics import average_accuracy, forgetting
 from ppl_cl.persist import load_tree
-
-ROW_LABELS = {"var_gp": "VAR-GP", "block_diag": "+ Block Diag.", "mle_hypers": "+ MLE Hypers",
-              "global": "+ Global", "fixed_hypers": "fixed hypers (diagnostic)"}
 
 
 def _forgetting_so_far(R: np.ndarray, k: int) -> float | None:

@@ -236,7 +236,10 @@ def paired_accuracy_difference(correct_a: Sequence[Any], correct_b: Sequence[Any
         raise ValueError(f"correct_a, correct_b: expected the same number (> 0) of tasks, "
                          f"received {len(correct_a)} and {len(correct_b)}")
     T = len(correct_a)
+    if clusters is not None and len(clusters) != T:
+        raise ValueError(f"clusters: expected {T} arrays (one per task), received {len(clusters)}")
     ca, cb, ids = [], [], []
+    offset = 0
     for t in range(T):
         a, b = _vector(correct_a[t], f"correct_a[{t}]"), _vector(correct_b[t], f"correct_b[{t}]")
         if a.shape != b.shape or a.shape[0] == 0:
@@ -248,15 +251,14 @@ def paired_accuracy_difference(correct_a: Sequence[Any], correct_b: Sequence[Any
         ca.append(a)
         cb.append(b)
         if clusters is None:
-            ids.append(np.arange(a.shape[0]) + sum(x.shape[0] for x in ca[:-1]))
+            ids.append(offset + np.arange(a.shape[0]))
+            offset += a.shape[0]
         else:
             c = np.asarray(clusters[t]).reshape(-1)
             if c.shape != a.shape:
                 raise ValueError(f"clusters[{t}]: expected {a.shape[0]} ids, received "
                                  f"{c.shape[0]}")
             ids.append(c)
-    if clusters is not None and len(clusters) != T:
-        raise ValueError(f"clusters: expected {T} arrays (one per task), received {len(clusters)}")
     w = np.concatenate([np.full(a.shape[0], 1.0 / (T * a.shape[0])) for a in ca])
     a_all, b_all = np.concatenate(ca), np.concatenate(cb)
     wd = w * (a_all - b_all)

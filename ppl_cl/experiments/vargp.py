@@ -26,8 +26,8 @@ from ppl_cl.experiments.base import CHECKPOINT_DIR, PaperNumber, RunContext, reg
 from ppl_cl.persist import CheckpointError
 
 __all__ = ["ToyConfig", "StreamConfig", "SplitMNISTConfig", "PermutedMNISTConfig",
-           "SplitDigitsConfig", "VARIANTS", "PARTIAL", "STREAMS", "run_stream",
-           "stream_checkpoints", "current_partial", "variant_learner_kwargs",
+           "SplitDigitsConfig", "VARIANTS", "ROW_LABELS", "PARTIAL", "STREAMS", "run_stream",
+           "stream_checkpoints", "current_partial", "variant_learner_kwargs", "stream_rows",
            "split_mnist_stream", "permuted_mnist_stream", "split_digits_stream"]
 
 # summary-key suffix -> learner options (Table 1 rows; "var_gp" is the method itself)
@@ -39,7 +39,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     # a diagnostic, not a Table 1 row: theta never trained (forgetting through theta removed)
     "fixed_hypers": {"guide": "autoregressive", "hyperparameters": "fixed"},
 }
-_LABELS = {"var_gp": "VAR-GP", "block_diag": "+ Block Diag.", "mle_hypers": "+ MLE Hypers",
+#: row name -> its label in Table 1 (figures, progress bars, reports)
+ROW_LABELS = {"var_gp": "VAR-GP", "block_diag": "+ Block Diag.", "mle_hypers": "+ MLE Hypers",
            "global": "+ Global", "fixed_hypers": "+ Fixed Hypers (diagnostic)"}
 _SOURCE = "Kapoor et al. 2021, Table 1"
 
@@ -53,8 +54,9 @@ def _summary_key(variant: str, name: str = "final_avg_accuracy") -> str:
 def _table1_column(rows: dict[str, tuple[float, float]], var_gp_note: str
                    ) -> dict[str, PaperNumber]:
     """One column of Table 1 (``variant -> (mean, std)``) as paper numbers for ``reproduce``."""
-    return {_summary_key(v): PaperNumber(mean, _SOURCE, std=std,
-                                         note=var_gp_note if v == "var_gp" else f"{_LABELS[v]}, %")
+    return {_summary_key(v): PaperNumber(
+                mean, _SOURCE, std=std,
+                note=var_gp_note if v == "var_gp" else f"{ROW_LABELS[v]}, %")
             for v, (mean, std) in rows.items()}
 
 
@@ -386,7 +388,7 @@ def _curves_figure(ctx: RunContext, results: dict[str, dict], title: str, name: 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for key, res in results.items():
         acc = res["average_accuracy"]
-        ax.plot(np.arange(1, len(acc) + 1), acc, marker="o", label=_LABELS.get(key, key))
+        ax.plot(np.arange(1, len(acc) + 1), acc, marker="o", label=ROW_LABELS.get(key, key))
     ax.set_xlabel("tasks seen")
     ax.set_ylabel("average test accuracy (%)")
     ax.set_ylim(0, 100)
@@ -407,7 +409,7 @@ def _theta_figure(ctx: RunContext, results: dict[str, dict], title: str, name: s
     t = np.arange(1, len(first["records"]) + 1)  # every variant sees every task
     for key, res in results.items():
         recs = res["records"]
-        label = _LABELS.get(key, key)
+        label = ROW_LABELS.get(key, key)
         line, = axes[0].plot(t, [r["theta_log_lengthscale_median"] for r in recs], marker="o",
                              label=label)
         axes[0].fill_between(t, [r["theta_log_lengthscale_min"] for r in recs],
@@ -446,26 +448,32 @@ def _accuracy_figure(ctx: RunContext, R: np.ndarray, title: str, name: str) -> N
 # ---------------------------------------------------------------------------------------------
 # the stream experiments
 # ---------------------------------------------------------------------------------------------
+def stream_rows(config: StreamConfig) -> tuple[str, ...]:
+    """The rows a stream run trains, in order: ``var_gp`` (unless ``run_var_gp=False``), then
+    the ablations; the first is the one whose learner the run saves as ``vargp.npz``."""
+    rows = (("var_gp",) if config.run_var_gp else ()) + _check_ablations(config.ablations)
+    if not rows:
+        raise ValueError("nothing to train: run_var_gp=False and no ablations")
+    return rows
+
+
 def _stream_experiment(config: StreamConfig, ctx: RunContext, tasks, valids, num_classes: int,
                        title: str, image_side: int | None, groups) -> dict[str, Any]:
-    ablations = _check_ablations(config.ablations)
+    variants = stream_rows(config)
     if config.validation not in ("task", "seen"):
         raise ValueError(f"validation: expected 'task' or 'seen', received {config.validation!r}")
     task_valids = valids
     if valids and config.validation == "seen":
         valids = seen_validation(valids)
-    variants = (("var_gp",) if config.run_var_gp else ()) + ablations
-    if not variants:
-        raise ValueError("nothing to train: run_var_gp=False and no ablations")
     results: dict[str, dict] = {}
     for variant in variants:
         results[variant] = run_stream(tasks, valids, num_classes,
                                       variant_learner_kwargs(config, ctx, variant), ctx,
-                                      desc=f"{title} {_LABELS[variant]}", key=variant,
+                                      desc=f"{title} {ROW_LABELS[variant]}", key=variant,
                                       task_valids=task_valids)
     first = variants[0]   # VAR-GP unless run_var_gp=False
     main = results[first]
-    label = "" if first == "var_gp" else f" {_LABELS[first]}"
+    label = "" if first == "var_gp" else f" {ROW_LABELS[first]}"
     learner = main["learner"]
     learner.save(ctx.out_dir / "vargp.npz")
     try:
@@ -686,7 +694,7 @@ def toy(config: ToyConfig, ctx: RunContext) -> dict:
                 if i == 0:
                     ax.set_title(f"class {c}")
             axes[i, 0].set_ylabel(f"after task {i}")
-        fig.suptitle(f"{_LABELS[variant]}: p(y = class | x) (Fig. 1 / Fig. 7)")
+        fig.suptitle(f"{ROW_LABELS[variant]}: p(y = class | x) (Fig. 1 / Fig. 7)")
         ctx.savefig(fig, f"densities_{variant}")
         suffix = "" if variant == "var_gp" else f"_{variant}"
         summary[f"task0_acc_after_task1{suffix}"] = 100 * float(acc[-1, 0])
