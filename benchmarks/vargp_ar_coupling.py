@@ -36,7 +36,6 @@ import torch
 
 from models.vargp_math import (InducingSet, concat_inducing_inputs, conditional_prior_mean,
                                prior_cholesky, task_slices)
-from ppl_cl.persist import load_tree
 
 #: float32 runs use relative jitter 1e-5 on K_ZZ (``VARGP(jitter=None)``); the diagnostic is
 #: computed in float64 with the same relative jitter, so it is the model's own prior.
@@ -44,21 +43,13 @@ JITTER = 1e-5
 
 
 def _learner_states(run_dir: Path) -> dict[str, tuple[dict, str]]:
-    """Row name -> (learner state dict (``VARGP.state_dict()``), guide) of a VAR-GP stream run.
+    """Row name -> (learner state dict (``VARGP.state_dict()``), guide) of a VAR-GP stream run:
+    every row of a stopped run (its checkpoints), the first row of a finished one
+    (``vargp.npz``); ``ppl_cl.experiments.vargp.load_stream_run``."""
+    from ppl_cl.experiments.vargp import VARIANTS, load_stream_run
 
-    Checkpoints are named by row (``ppl_cl.experiments.vargp.VARIANTS``); a finished run's
-    ``vargp.npz`` holds one learner, whose config names its guide."""
-    from ppl_cl.experiments.vargp import VARIANTS, stream_checkpoints
-
-    rows = stream_checkpoints(run_dir)
-    if rows:
-        return {name: (load_tree(p)[0]["learner"], VARIANTS[name]["guide"])
-                for name, p in rows.items()}
-    final = run_dir / "vargp.npz"
-    if final.is_file():
-        state, meta = load_tree(final)
-        return {"final": (state, meta["config"]["guide"])}
-    raise FileNotFoundError(f"{run_dir}: no checkpoints/*.npz and no vargp.npz")
+    return {name: (state, VARIANTS[name]["guide"])
+            for name, state in load_stream_run(run_dir).states.items()}
 
 
 def coupling(state: dict, guide: str = "autoregressive") -> list[dict]:

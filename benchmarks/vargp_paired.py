@@ -26,18 +26,14 @@ Writes JSON (and a Markdown table beside it, same stem). Nothing is trained.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 
-from ppl_cl.experiments.base import RunContext, build_config, get
-from ppl_cl.experiments.vargp import (ROW_LABELS, STREAMS, stream_checkpoints, stream_rows,
-                                      variant_learner_kwargs)
-from ppl_cl.learners.vargp import VARGP
+from ppl_cl.experiments.vargp import (ROW_LABELS, STREAMS, StreamRun, load_stream_run,
+                                      stream_rows)
 from ppl_cl.metrics import paired_accuracy_difference
-from ppl_cl.persist import load_tree
 
 #: the stream's test images are the same under every task (a cluster per image)
 SHARED_TEST_IMAGES = {"vargp-permuted-mnist"}
@@ -45,59 +41,25 @@ SHARED_TEST_IMAGES = {"vargp-permuted-mnist"}
 DATA_FIELDS = ("n_tasks", "n_valid", "n_test", "train_per_task", "test_per_task")
 
 
-def run_config(run_dir: Path) -> tuple[dict, object]:
-    """(``config.json`` of a run, the experiment's config rebuilt from its overrides); refuses
-    a run whose rebuilt config differs from the recorded one (a default changed since)."""
-    path = run_dir / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir}: no config.json (not a `ppl-cl run` folder?)")
-    recorded = json.loads(path.read_text())
-    if recorded["experiment"] not in STREAMS:
-        raise ValueError(f"{recorded['experiment']}: not a VAR-GP stream experiment "
-                         f"({sorted(STREAMS)})")
-    config = build_config(get(recorded["experiment"]), quick=recorded["quick"],
-                          overrides=recorded.get("overrides"))
-    rebuilt = json.loads(json.dumps(dataclasses.asdict(config)))
-    for key, value in recorded["config"].items():
-        if key in rebuilt and rebuilt[key] != value:
-            raise ValueError(f"{run_dir}: config.{key} was {value!r}, rebuilding the config from "
-                             f"its overrides gives {rebuilt[key]!r} (a default changed since)")
-    return recorded, config
-
-
-def learner_of_run(run_dir: Path, recorded: dict, config, row: str | None = None
-                   ) -> tuple[str, VARGP, np.ndarray]:
-    """(row, learner, accuracy matrix R) of a stream run (``recorded, config`` from
-    :func:`run_config`): the first row's final learner (``vargp.npz``) of a finished run, else
-    row ``row``'s checkpoint (default: the run's first row that has one), in a learner built as
-    the experiment builds it. Rows of R after the learner's last task are NaN."""
-    rows_run = stream_rows(config)
-    final = run_dir / "vargp.npz"
-    if (run_dir / "metrics.json").is_file() and final.is_file():
-        if row not in (None, rows_run[0]):
-            raise ValueError(f"{run_dir}: a finished run keeps the learner of its first row "
-                             f"({rows_run[0]}) only, not {row!r}")
-        metrics = json.loads((run_dir / "metrics.json").read_text())
-        R = np.asarray(metrics["variants"][rows_run[0]]["accuracy_matrix"], dtype=float)
-        return rows_run[0], VARGP.load(final), R
-    rows = stream_checkpoints(run_dir)
-    if not rows:
-        raise FileNotFoundError(f"{run_dir}: neither a finished run (metrics.json, vargp.npz) "
-                                "nor row checkpoints")
-    row = row or next(v for v in rows_run if v in rows)
-    if row not in rows:
-        raise ValueError(f"{run_dir}: no checkpoint of row {row!r} (has {sorted(rows)})")
-    state = load_tree(rows[row])[0]
-    ctx = RunContext(out_dir=run_dir, seed=int(recorded["seed"]), show_progress=False)
-    learner = VARGP(10, **variant_learner_kwargs(config, ctx, row))
-    learner.load_state_dict(state["learner"])
-    return row, learner, np.asarray(state["R"], dtype=float)
+def learner_of_run(run: StreamRun, config, row: str | None = None
+                   ) -> tuple[str, object, np.ndarray]:
+    """(row, learner, accuracy matrix R) of a stream run (``config = run.config()``): row
+    ``row`` (default: the first row whose learner the run keeps: a finished run's first row,
+    else the first row with a checkpoint). Rows of R after the learner's last task are NaN."""
+    if not run.states:
+        raise FileNotFoundError(f"{run.path}: keeps no learner (a finished run without "
+                                "vargp.npz?)")
+    row = row or next(v for v in stream_rows(config) if v in run.states)
+    return row, run.learner(row, config), run.accuracy[row]
 
 
 def compare(run_a: Path, run_b: Path, row_a: str | None = None, row_b: str | None = None,
             data_dir: str | None = None) -> dict:
     """The paired comparison of the module docstring, as a JSON-able dict."""
-    (cfg_a, config_a), (cfg_b, config_b) = run_config(run_a), run_config(run_b)
+    run_a, run_b = Path(run_a), Path(run_b)
+    stream_a, stream_b = load_stream_run(run_a), load_stream_run(run_b)
+    config_a, config_b = stream_a.config(), stream_b.config()
+    cfg_a, cfg_b = stream_a.recorded, stream_b.recorded
     for key in ("experiment", "seed", "quick"):
         if cfg_a[key] != cfg_b[key]:
             raise ValueError(f"{key}: {run_a} has {cfg_a[key]!r}, {run_b} has {cfg_b[key]!r}")
@@ -108,8 +70,8 @@ def compare(run_a: Path, run_b: Path, row_a: str | None = None, row_b: str | Non
                              f"{run_b} has {cfg_b['config'].get(key)!r} (different test sets)")
     tasks, _ = STREAMS[experiment](config_a, seed, data_dir)
 
-    row_a, learner_a, R_a = learner_of_run(run_a, cfg_a, config_a, row_a)
-    row_b, learner_b, R_b = learner_of_run(run_b, cfg_b, config_b, row_b)
+    row_a, learner_a, R_a = learner_of_run(stream_a, config_a, row_a)
+    row_b, learner_b, R_b = learner_of_run(stream_b, config_b, row_b)
     k = learner_a.num_updates
     if learner_b.num_updates != k:
         raise ValueError(f"{run_a} ({row_a}) has {k} tasks done, {run_b} ({row_b}) "

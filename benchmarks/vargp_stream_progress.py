@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ppl_cl.experiments.vargp import ROW_LABELS, current_partial, stream_checkpoints
+from ppl_cl.experiments.vargp import (ROW_LABELS, current_partial, load_stream_run,
+                                      stream_checkpoints)
 from ppl_cl.metrics import average_accuracy, forgetting
 from ppl_cl.persist import load_tree
 
@@ -37,24 +38,6 @@ def _forgetting_so_far(R: np.ndarray, k: int) -> float | None:
     """Forgetting (Chaudhry et al. 2018) of the stream cut after task ``k`` (0-based; None at
     k = 0, where no earlier task exists)."""
     return None if k == 0 else float(forgetting(R[:k + 1, :k + 1]))
-
-
-def _accuracy_matrices(run_dir: Path) -> dict[str, np.ndarray]:
-    """Row name -> accuracy matrix R (fractions; rows of tasks not trained yet are NaN).
-
-    A finished run has removed its checkpoints and holds every row's R in ``metrics.json``
-    (``variants.<row>.accuracy_matrix``); a stopped run has them in ``checkpoints/``."""
-    metrics = run_dir / "metrics.json"
-    if metrics.is_file():
-        variants = json.loads(metrics.read_text()).get("variants", {})
-        return {name: np.asarray(v["accuracy_matrix"], dtype=float)
-                for name, v in sorted(variants.items())}
-    rows = stream_checkpoints(run_dir)
-    if not rows:
-        raise FileNotFoundError(f"{run_dir}: neither metrics.json nor row checkpoints in "
-                                "checkpoints/ (not a VAR-GP stream run?)")
-    return {name: np.asarray(load_tree(path)[0]["R"], dtype=float)
-            for name, path in rows.items()}
 
 
 def _in_progress(run_dir: Path, tasks_done: dict[str, int]) -> dict[str, dict]:
@@ -78,7 +61,7 @@ def rows_of_run(run_dir: Path) -> dict[str, dict]:
     """Every row of one run folder, finished or stopped: tasks done, average accuracy and
     forgetting after each, in %."""
     out = {}
-    matrices = _accuracy_matrices(run_dir)
+    matrices = dict(sorted(load_stream_run(run_dir).accuracy.items()))
     done_of = {name: int(np.sum(~np.isnan(R[:, 0]))) for name, R in matrices.items()}
     running = _in_progress(run_dir, done_of)  # empty for a finished run: no checkpoints left
     for name, R in matrices.items():

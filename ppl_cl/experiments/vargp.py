@@ -27,8 +27,9 @@ from ppl_cl.persist import CheckpointError
 
 __all__ = ["ToyConfig", "StreamConfig", "SplitMNISTConfig", "PermutedMNISTConfig",
            "SplitDigitsConfig", "VARIANTS", "ROW_LABELS", "PARTIAL", "STREAMS", "run_stream",
-           "stream_checkpoints", "current_partial", "variant_learner_kwargs", "stream_rows",
-           "split_mnist_stream", "permuted_mnist_stream", "split_digits_stream"]
+           "stream_checkpoints", "current_partial", "StreamRun", "load_stream_run",
+           "variant_learner_kwargs", "stream_rows", "split_mnist_stream", "permuted_mnist_stream",
+           "split_digits_stream"]
 
 # summary-key suffix -> learner options (Table 1 rows; "var_gp" is the method itself)
 VARIANTS: dict[str, dict[str, str]] = {
@@ -233,6 +234,98 @@ def current_partial(snapshot, tasks_done: int):
     if snapshot is None or int(snapshot["task"]) != tasks_done + 1:
         return None
     return snapshot
+
+
+@dataclass(frozen=True)
+class StreamRun:
+    """A stream run folder (``ppl-cl run vargp-split-mnist`` and the other streams), finished
+    or stopped, as the scripts that read runs need it (``benchmarks/vargp_stream_progress.py``,
+    ``vargp_ar_coupling.py``, ``vargp_paired.py``). Made by :func:`load_stream_run`."""
+
+    path: Path
+    #: the run's ``config.json`` (None for a folder that holds copied checkpoints only)
+    recorded: dict[str, Any] | None
+    #: True once the run wrote ``metrics.json`` (it has removed its checkpoints then)
+    finished: bool
+    #: row -> accuracy matrix R (fractions; rows of the tasks not trained yet are NaN)
+    accuracy: dict[str, np.ndarray]
+    #: row -> ``VARGP.state_dict()`` after the row's last finished task, for the rows whose
+    #: learner the folder keeps: every row of a stopped run, the first row of a finished one
+    #: (``vargp.npz``; :func:`stream_rows`)
+    states: dict[str, dict[str, Any]]
+
+    def config(self) -> "StreamConfig":
+        """The experiment's config rebuilt from the run's overrides, as ``ppl-cl run`` built it;
+        refuses a run whose rebuilt config differs from the recorded one (a default changed
+        since), since its task stream or learners would not be the run's."""
+        import dataclasses
+        import json
+
+        from ppl_cl.experiments.base import build_config, get
+
+        rec = self.recorded
+        if rec is None:
+            raise FileNotFoundError(f"{self.path}: no config.json (not a `ppl-cl run` folder?)")
+        if rec["experiment"] not in STREAMS:
+            raise ValueError(f"{rec['experiment']}: not a VAR-GP stream experiment "
+                             f"({sorted(STREAMS)})")
+        config = build_config(get(rec["experiment"]), quick=rec["quick"],
+                              overrides=rec.get("overrides"))
+        rebuilt = json.loads(json.dumps(dataclasses.asdict(config)))
+        for key, value in rec["config"].items():
+            if key in rebuilt and rebuilt[key] != value:
+                raise ValueError(f"{self.path}: config.{key} was {value!r}, rebuilding the config "
+                                 f"from its overrides gives {rebuilt[key]!r} (a default changed "
+                                 "since)")
+        return config
+
+    def learner(self, row: str, config: "StreamConfig | None" = None, num_classes: int = 10):
+        """Row ``row``'s learner after its last finished task, built as the experiment builds it
+        (:func:`variant_learner_kwargs` of ``config``, default :meth:`config`, and the run's
+        seed) and loaded with the kept state."""
+        from ppl_cl.learners.vargp import VARGP
+
+        if row not in self.states:
+            what = ("a finished run keeps the learner of its first row only"
+                    if self.finished else "no checkpoint of that row")
+            raise ValueError(f"{self.path}: no learner of row {row!r} ({what}; has "
+                             f"{sorted(self.states)})")
+        config = self.config() if config is None else config
+        ctx = RunContext(out_dir=self.path, seed=int(self.recorded["seed"]), show_progress=False)
+        learner = VARGP(num_classes, **variant_learner_kwargs(config, ctx, row))
+        learner.load_state_dict(self.states[row])
+        return learner
+
+
+def load_stream_run(run_dir) -> StreamRun:
+    """Read a stream run folder: a finished run's accuracy matrices from ``metrics.json``
+    (``variants.<row>.accuracy_matrix``, in the order the rows trained) and its first row's
+    learner from ``vargp.npz``; a stopped run's from its row checkpoints
+    (:func:`stream_checkpoints`)."""
+    import json
+
+    from ppl_cl.persist import load_tree
+
+    run_dir = Path(run_dir)
+    cfg = run_dir / "config.json"
+    recorded = json.loads(cfg.read_text()) if cfg.is_file() else None
+    metrics = run_dir / "metrics.json"
+    if metrics.is_file():
+        variants = json.loads(metrics.read_text()).get("variants", {})
+        accuracy = {name: np.asarray(v["accuracy_matrix"], dtype=float)
+                    for name, v in variants.items()}
+        final = run_dir / "vargp.npz"
+        states = ({next(iter(variants)): load_tree(final)[0]}
+                  if variants and final.is_file() else {})
+        return StreamRun(run_dir, recorded, True, accuracy, states)
+    rows = stream_checkpoints(run_dir)
+    if not rows:
+        raise FileNotFoundError(f"{run_dir}: neither metrics.json nor row checkpoints in "
+                                f"{CHECKPOINT_DIR}/ (not a VAR-GP stream run?)")
+    trees = {name: load_tree(path)[0] for name, path in rows.items()}
+    return StreamRun(run_dir, recorded, False,
+                     {name: np.asarray(t["R"], dtype=float) for name, t in trees.items()},
+                     {name: t["learner"] for name, t in trees.items()})
 
 
 def run_stream(tasks, valids, num_classes: int, learner_kwargs: dict[str, Any],

@@ -630,11 +630,17 @@ def test_paired_comparison_of_two_runs(tmp_path, monkeypatch):
     """benchmarks/vargp_paired.py rebuilds a run's task stream from its config.json, loads the
     learner of a finished run (``vargp.npz``) or of a stopped one (its row checkpoint), and
     reproduces the run's own accuracies exactly; the paired difference of two rows is the
-    difference of their final average accuracies; runs after different tasks are refused."""
+    difference of their final average accuracies; runs after different tasks are refused.
+    The run reader behind it (``load_stream_run``) keeps every row of a stopped run and the
+    first row of a finished one, and refuses a run whose config a changed default would no
+    longer rebuild."""
     import importlib.util
+    import shutil
     from pathlib import Path
 
+    from ppl_cl.data.loaders import load_digits
     from ppl_cl.experiments.base import run_experiment
+    from ppl_cl.experiments.vargp import load_stream_run
 
     spec = importlib.util.spec_from_file_location(
         "vargp_paired", Path(__file__).resolve().parents[2] / "benchmarks" / "vargp_paired.py")
@@ -680,16 +686,41 @@ def test_paired_comparison_of_two_runs(tmp_path, monkeypatch):
         np.mean(a["variants"]["var_gp"]["accuracy_matrix"][1, :2]))
     with pytest.raises(ValueError, match="same task"):
         paired.compare(tmp_path / "a", tmp_path / "c")
+
+    # the one reader of run folders behind the three scripts (load_stream_run)
+    fin, stopped = load_stream_run(tmp_path / "a"), load_stream_run(tmp_path / "c")
+    assert fin.finished and not stopped.finished
+    assert list(fin.accuracy) == list(fin.states) == ["var_gp"] == list(stopped.states)
+    np.testing.assert_array_equal(fin.accuracy["var_gp"],
+                                  a["variants"]["var_gp"]["accuracy_matrix"])
+    assert np.isnan(stopped.accuracy["var_gp"][2:]).all()
+    assert not np.isnan(stopped.accuracy["var_gp"][:2, :2]).any()
+    # the finished run's learner, rebuilt from config.json, is the saved vargp.npz learner
+    rebuilt, saved_learner = fin.learner("var_gp"), VARGP.load(tmp_path / "a" / "vargp.npz")
+    x = load_digits()[0][:50]
+    np.testing.assert_array_equal(rebuilt.predict(x).probs, saved_learner.predict(x).probs)
+    assert stopped.learner("var_gp").num_updates == 2
+    with pytest.raises(ValueError, match="first row only"):
+        load_stream_run(tmp_path / "b").learner("var_gp")
+    with pytest.raises(FileNotFoundError, match="neither metrics.json nor row checkpoints"):
+        load_stream_run(tmp_path / "empty")
     # runs of other seeds or test sets are refused (config.json of a copy of run b, edited)
     cfg = json.loads((tmp_path / "b" / "config.json").read_text())
     for key, value, match in (("seed", 4, "seed"), ("n_test", 100, "n_test")):
         other = tmp_path / f"b_{key}"
-        other.mkdir()
+        shutil.copytree(tmp_path / "b", other)
         edited = {**cfg, "seed": value} if key == "seed" else {
             **cfg, "config": {**cfg["config"], key: value}}
         (other / "config.json").write_text(json.dumps(edited))
         with pytest.raises(ValueError, match=match):
             paired.compare(tmp_path / "a", other)
+    # a run whose recorded config the overrides no longer rebuild (a default changed since)
+    changed = tmp_path / "b_default"
+    shutil.copytree(tmp_path / "b", changed)
+    cfg["config"]["learning_rate"] = 0.123
+    (changed / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="a default changed since"):
+        load_stream_run(changed).config()
 
 
 def test_ablation_rows_can_run_without_the_var_gp_row(tmp_path, monkeypatch):
