@@ -61,7 +61,7 @@ def rows_of_run(run_dir: Path) -> dict[str, dict]:
     """Every row of one run folder, finished or stopped: tasks done, average accuracy and
     forgetting after each, in %."""
     out = {}
-    matrices = dict(sorted(load_stream_run(run_dir).accuracy.items()))
+    matrices = dict(sorted(load_stream_run(run_dir, learners=False).accuracy.items()))
     done_of = {name: int(np.sum(~np.isnan(R[:, 0]))) for name, R in matrices.items()}
     running = _in_progress(run_dir, done_of)  # empty for a finished run: no checkpoints left
     for name, R in matrices.items():

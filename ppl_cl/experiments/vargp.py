@@ -254,6 +254,11 @@ class StreamRun:
     #: (``vargp.npz``; :func:`stream_rows`)
     states: dict[str, dict[str, Any]]
 
+    def _recorded(self) -> dict[str, Any]:
+        if self.recorded is None:
+            raise FileNotFoundError(f"{self.path}: no config.json (not a `ppl-cl run` folder?)")
+        return self.recorded
+
     def config(self) -> "StreamConfig":
         """The experiment's config rebuilt from the run's overrides, as ``ppl-cl run`` built it;
         refuses a run whose rebuilt config differs from the recorded one (a default changed
@@ -263,9 +268,7 @@ class StreamRun:
 
         from ppl_cl.experiments.base import build_config, get
 
-        rec = self.recorded
-        if rec is None:
-            raise FileNotFoundError(f"{self.path}: no config.json (not a `ppl-cl run` folder?)")
+        rec = self._recorded()
         if rec["experiment"] not in STREAMS:
             raise ValueError(f"{rec['experiment']}: not a VAR-GP stream experiment "
                              f"({sorted(STREAMS)})")
@@ -291,17 +294,19 @@ class StreamRun:
             raise ValueError(f"{self.path}: no learner of row {row!r} ({what}; has "
                              f"{sorted(self.states)})")
         config = self.config() if config is None else config
-        ctx = RunContext(out_dir=self.path, seed=int(self.recorded["seed"]), show_progress=False)
+        ctx = RunContext(out_dir=self.path, seed=int(self._recorded()["seed"]),
+                         show_progress=False)
         learner = VARGP(num_classes, **variant_learner_kwargs(config, ctx, row))
         learner.load_state_dict(self.states[row])
         return learner
 
 
-def load_stream_run(run_dir) -> StreamRun:
+def load_stream_run(run_dir, learners: bool = True) -> StreamRun:
     """Read a stream run folder: a finished run's accuracy matrices from ``metrics.json``
     (``variants.<row>.accuracy_matrix``, in the order the rows trained) and its first row's
-    learner from ``vargp.npz``; a stopped run's from its row checkpoints
-    (:func:`stream_checkpoints`)."""
+    learner from ``vargp.npz`` (not read with ``learners=False``, for readers of the accuracies
+    only); a stopped run's from its row checkpoints (:func:`stream_checkpoints`), which hold
+    both."""
     import json
 
     from ppl_cl.persist import load_tree
@@ -316,7 +321,7 @@ def load_stream_run(run_dir) -> StreamRun:
                     for name, v in variants.items()}
         final = run_dir / "vargp.npz"
         states = ({next(iter(variants)): load_tree(final)[0]}
-                  if variants and final.is_file() else {})
+                  if learners and variants and final.is_file() else {})
         return StreamRun(run_dir, recorded, True, accuracy, states)
     rows = stream_checkpoints(run_dir)
     if not rows:

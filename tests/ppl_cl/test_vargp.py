@@ -691,6 +691,7 @@ def test_paired_comparison_of_two_runs(tmp_path, monkeypatch):
     fin, stopped = load_stream_run(tmp_path / "a"), load_stream_run(tmp_path / "c")
     assert fin.finished and not stopped.finished
     assert list(fin.accuracy) == list(fin.states) == ["var_gp"] == list(stopped.states)
+    assert load_stream_run(tmp_path / "a", learners=False).states == {}
     np.testing.assert_array_equal(fin.accuracy["var_gp"],
                                   a["variants"]["var_gp"]["accuracy_matrix"])
     assert np.isnan(stopped.accuracy["var_gp"][2:]).all()
