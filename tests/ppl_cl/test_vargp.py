@@ -23,6 +23,18 @@ SMALL = dict(inducing_per_task=5, batch_size=40, max_epochs=12, patience=4,
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+def _benchmark(name: str):
+    """The module ``benchmarks/<name>.py`` (the benchmarks are scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        name, Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="module")
 def blobs():
     x, y = four_blobs(30, seed=0)
@@ -546,17 +558,10 @@ def test_a_run_stopped_mid_task_resumes_from_its_snapshot(tmp_path, monkeypatch)
     the result equals a run that was never stopped (which took no snapshots). The progress
     reader (benchmarks/vargp_stream_progress.py) reports the task in progress only when there
     is one."""
-    import importlib.util
-    from pathlib import Path
-
     from ppl_cl.experiments.base import RunContext, run_experiment
     from ppl_cl.experiments.vargp import stream_checkpoints
 
-    spec = importlib.util.spec_from_file_location(
-        "vargp_stream_progress",
-        Path(__file__).resolve().parents[2] / "benchmarks" / "vargp_stream_progress.py")
-    progress = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(progress)
+    progress = _benchmark("vargp_stream_progress")
 
     kw = dict(quick=True, show_progress=False, overrides={"ablations": "[]", "max_epochs": "4"})
     whole = run_experiment("vargp-split-digits", out=tmp_path / "whole", **kw)
@@ -634,18 +639,13 @@ def test_paired_comparison_of_two_runs(tmp_path, monkeypatch):
     The run reader behind it (``load_stream_run``) keeps every row of a stopped run and the
     first row of a finished one, and refuses a run whose config a changed default would no
     longer rebuild."""
-    import importlib.util
     import shutil
-    from pathlib import Path
 
     from ppl_cl.data.loaders import load_digits
     from ppl_cl.experiments.base import run_experiment
     from ppl_cl.experiments.vargp import load_stream_run
 
-    spec = importlib.util.spec_from_file_location(
-        "vargp_paired", Path(__file__).resolve().parents[2] / "benchmarks" / "vargp_paired.py")
-    paired = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(paired)
+    paired = _benchmark("vargp_paired")
 
     kw = dict(quick=True, show_progress=False, seed=3)
     a = run_experiment("vargp-split-digits", out=tmp_path / "a",
@@ -722,6 +722,39 @@ def test_paired_comparison_of_two_runs(tmp_path, monkeypatch):
     (changed / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="a default changed since"):
         load_stream_run(changed).config()
+
+
+def test_confusion_of_a_run(tmp_path):
+    """benchmarks/vargp_confusion.py reloads a finished run's learner, reproduces the run's
+    accuracy matrix, and its confusion matrix, class accuracies and error destinations agree
+    with each other and with the accuracies."""
+    from ppl_cl.experiments.base import run_experiment
+
+    conf = _benchmark("vargp_confusion")
+    a = run_experiment("vargp-split-digits", out=tmp_path / "a", quick=True,
+                       show_progress=False, seed=3,
+                       overrides={"ablations": "[]", "max_epochs": "2"})
+    res = conf.confusion_of_run(tmp_path / "a")
+    assert (res["row"], res["tasks_done"], res["max_abs_diff_from_run_R"]) == ("var_gp", 5, 0)
+    C = np.array(res["confusion"])
+    groups = res["task_classes"]
+    assert sorted(c for g in groups for c in g) == list(range(10))
+    for j, g in enumerate(groups):
+        n = C[list(g)].sum()
+        assert C[list(g), list(g)].sum() / n == pytest.approx(res["task_accuracy"][j])
+        d = res["error_destination"][j]
+        assert d["errors"] == n - C[list(g), list(g)].sum()
+        if d["errors"]:
+            assert sum(d["to_task"]) == pytest.approx(1.0)
+            own = C[np.ix_(list(g), list(g))].sum() - C[list(g), list(g)].sum()
+            assert d["to_task"][j] == pytest.approx(own / d["errors"])
+    assert 100 * np.mean(res["task_accuracy"]) == pytest.approx(
+        a["summary"]["final_avg_accuracy"])
+    for c, acc in res["class_accuracy"].items():
+        assert acc == pytest.approx(C[int(c), int(c)] / C[int(c)].sum())
+        for other, count in res["top_confusions"][c]:
+            assert other != int(c) and C[int(c), other] == count
+    assert "# Where the errors of VAR-GP go, after task 5" in conf._markdown(res)
 
 
 def test_ablation_rows_can_run_without_the_var_gp_row(tmp_path, monkeypatch):
