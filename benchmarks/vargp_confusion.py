@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.metrics import confusion_matrix
 
-from ppl_cl.experiments.vargp import ROW_LABELS, STREAMS, load_stream_run, stream_rows
+from ppl_cl.experiments.vargp import ROW_LABELS, STREAMS, load_stream_run
 
 
 def confusion_of_run(run_dir: Path, row: str | None = None, data_dir: str | None = None,
@@ -41,23 +41,12 @@ def confusion_of_run(run_dir: Path, row: str | None = None, data_dir: str | None
     """The report of the module docstring, as a JSON-able dict."""
     run = load_stream_run(run_dir)
     config = run.config()
-    if not run.states:
-        raise FileNotFoundError(f"{run_dir}: keeps no learner (a finished run without "
-                                "vargp.npz?)")
-    row = row or next(v for v in stream_rows(config) if v in run.states)
-    learner = run.learner(row, config, num_classes=num_classes)
+    row, learner = run.kept_learner(config, row, num_classes)
     experiment, seed = run.recorded["experiment"], int(run.recorded["seed"])
     tasks, _ = STREAMS[experiment](config, seed, data_dir)
     k = learner.num_updates
-    R = run.accuracy[row]
-    ys, preds, acc = [], [], []
-    for j in range(k):
-        y = np.asarray(tasks[j].test.y).reshape(-1)
-        p = np.asarray(learner.predict(tasks[j].test.x).predicted_class()).reshape(-1)
-        ys.append(y)
-        preds.append(p)
-        acc.append(float(np.mean(p == y)))
-    check = float(np.max(np.abs(np.array(acc) - R[k - 1, :k])))
+    ys, preds, check = run.predict_seen_tasks(row, learner, tasks)
+    acc = [float(np.mean(p == y)) for y, p in zip(ys, preds)]
     y_all, p_all = np.concatenate(ys), np.concatenate(preds)
     C = confusion_matrix(y_all, p_all, labels=np.arange(num_classes))
     seen = [c for c in range(num_classes) if C[c].sum() > 0]

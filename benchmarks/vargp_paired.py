@@ -31,26 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ppl_cl.experiments.vargp import (ROW_LABELS, STREAMS, StreamRun, load_stream_run,
-                                      stream_rows)
+from ppl_cl.experiments.vargp import ROW_LABELS, STREAMS, load_stream_run
 from ppl_cl.metrics import paired_accuracy_difference
 
 #: the stream's test images are the same under every task (a cluster per image)
 SHARED_TEST_IMAGES = {"vargp-permuted-mnist"}
 #: config fields that decide the task stream (they must agree between the two runs)
 DATA_FIELDS = ("n_tasks", "n_valid", "n_test", "train_per_task", "test_per_task")
-
-
-def learner_of_run(run: StreamRun, config, row: str | None = None
-                   ) -> tuple[str, object, np.ndarray]:
-    """(row, learner, accuracy matrix R) of a stream run (``config = run.config()``): row
-    ``row`` (default: the first row whose learner the run keeps: a finished run's first row,
-    else the first row with a checkpoint). Rows of R after the learner's last task are NaN."""
-    if not run.states:
-        raise FileNotFoundError(f"{run.path}: keeps no learner (a finished run without "
-                                "vargp.npz?)")
-    row = row or next(v for v in stream_rows(config) if v in run.states)
-    return row, run.learner(row, config), run.accuracy[row]
 
 
 def compare(run_a: Path, run_b: Path, row_a: str | None = None, row_b: str | None = None,
@@ -70,21 +57,18 @@ def compare(run_a: Path, run_b: Path, row_a: str | None = None, row_b: str | Non
                              f"{run_b} has {cfg_b['config'].get(key)!r} (different test sets)")
     tasks, _ = STREAMS[experiment](config_a, seed, data_dir)
 
-    row_a, learner_a, R_a = learner_of_run(stream_a, config_a, row_a)
-    row_b, learner_b, R_b = learner_of_run(stream_b, config_b, row_b)
+    row_a, learner_a = stream_a.kept_learner(config_a, row_a)
+    row_b, learner_b = stream_b.kept_learner(config_b, row_b)
     k = learner_a.num_updates
     if learner_b.num_updates != k:
         raise ValueError(f"{run_a} ({row_a}) has {k} tasks done, {run_b} ({row_b}) "
                          f"{learner_b.num_updates}: compare learners after the same task")
     correct = {}
     check = {}
-    for name, learner, R in (("a", learner_a, R_a), ("b", learner_b, R_b)):
-        correct[name] = []
-        for j in range(k):
-            y = np.asarray(tasks[j].test.y).reshape(-1)
-            correct[name].append(learner.predict(tasks[j].test.x).predicted_class() == y)
-        acc = np.array([c.mean() for c in correct[name]])
-        check[name] = float(np.max(np.abs(acc - R[k - 1, :k])))
+    for name, stream, row, learner in (("a", stream_a, row_a, learner_a),
+                                       ("b", stream_b, row_b, learner_b)):
+        ys, preds, check[name] = stream.predict_seen_tasks(row, learner, tasks)
+        correct[name] = [p == y for y, p in zip(ys, preds)]
     shared = experiment in SHARED_TEST_IMAGES
     clusters = [np.arange(len(c)) for c in correct["a"]] if shared else None
     overall = paired_accuracy_difference(correct["a"], correct["b"], clusters)

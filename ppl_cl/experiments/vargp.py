@@ -240,7 +240,8 @@ def current_partial(snapshot, tasks_done: int):
 class StreamRun:
     """A stream run folder (``ppl-cl run vargp-split-mnist`` and the other streams), finished
     or stopped, as the scripts that read runs need it (``benchmarks/vargp_stream_progress.py``,
-    ``vargp_ar_coupling.py``, ``vargp_paired.py``). Made by :func:`load_stream_run`."""
+    ``vargp_ar_coupling.py``, ``vargp_paired.py``, ``vargp_confusion.py``). Made by
+    :func:`load_stream_run`."""
 
     path: Path
     #: the run's ``config.json`` (None for a folder that holds copied checkpoints only)
@@ -299,6 +300,33 @@ class StreamRun:
         learner = VARGP(num_classes, **variant_learner_kwargs(config, ctx, row))
         learner.load_state_dict(self.states[row])
         return learner
+
+    def kept_learner(self, config: "StreamConfig | None" = None, row: str | None = None,
+                     num_classes: int = 10):
+        """``(row, learner)``: :meth:`learner` of ``row``, by default the first row (in
+        :func:`stream_rows` order) whose learner the run keeps: a finished run's first row, a
+        stopped run's first row with a checkpoint."""
+        if not self.states:
+            raise FileNotFoundError(f"{self.path}: keeps no learner (a finished run without "
+                                    "vargp.npz?)")
+        config = self.config() if config is None else config
+        row = row or next(v for v in stream_rows(config) if v in self.states)
+        return row, self.learner(row, config, num_classes)
+
+    def predict_seen_tasks(self, row: str, learner, tasks
+                           ) -> tuple[list[np.ndarray], list[np.ndarray], float]:
+        """``(labels, predicted classes, check)`` on the test sets of the tasks ``learner`` has
+        seen (one array per task), where ``check`` is the largest difference between their
+        accuracies and the run's own accuracy matrix of ``row`` after the same task (0 when the
+        learner reproduces the run)."""
+        k = learner.num_updates
+        ys, preds = [], []
+        for j in range(k):
+            ys.append(np.asarray(tasks[j].test.y).reshape(-1))
+            preds.append(np.asarray(learner.predict(tasks[j].test.x).predicted_class()
+                                    ).reshape(-1))
+        acc = np.array([np.mean(p == y) for y, p in zip(ys, preds)])
+        return ys, preds, float(np.max(np.abs(acc - self.accuracy[row][k - 1, :k])))
 
 
 def load_stream_run(run_dir, learners: bool = True) -> StreamRun:
