@@ -5,7 +5,7 @@ S_j)`` with ``A_j = K_{j,<j} K_{<j,<j}^{-1}``; the block-diagonal ablation (Sect
 ``A_j u_<j``. The two guides differ only through ``A_j``, so its size says how far apart the
 ablation *can* be from VAR-GP on a given stream. This script reads the learner state of VAR-GP
 stream runs (``<run>/checkpoints/<row>.npz`` of a stopped or running run, or the final
-``vargp.npz`` of a finished one) and reports, at the posterior mean of q(theta) (the point theta
+``vargp.npz`` / ``vargp_<row>.npz`` of a finished one) and reports, at the posterior mean of q(theta) (the point theta
 of MLE Hypers), per task ``j >= 2`` averaged over the K class GPs:
 
 * ``prior_coupling`` = tr(A_j K_{<j,j}) / tr(K_jj) = ||L_{j,<j}||_F^2 / tr(K_jj): the share of
@@ -44,8 +44,8 @@ JITTER = 1e-5
 
 def _learner_states(run_dir: Path) -> dict[str, tuple[dict, str]]:
     """Row name -> (learner state dict (``VARGP.state_dict()``), guide) of a VAR-GP stream run:
-    every row of a stopped run (its checkpoints), the first row of a finished one
-    (``vargp.npz``); ``ppl_cl.experiments.vargp.load_stream_run``."""
+    every row of a stopped run (its checkpoints) and of a finished one (``vargp.npz``,
+    ``vargp_<row>.npz``); ``ppl_cl.experiments.vargp.load_stream_run``."""
     from ppl_cl.experiments.vargp import VARIANTS, load_stream_run
 
     return {name: (state, VARIANTS[name]["guide"])

@@ -5,7 +5,8 @@ different things: the old classes' GPs lose their hold on the old images (errors
 old task's other class), or later classes' GPs claim the old images (errors go to classes of
 later tasks). The accuracy matrix cannot tell them apart. This script rebuilds a run's task
 stream (``ppl_cl.experiments.vargp.STREAMS`` from the run's ``config.json``), loads the learner
-the run keeps (the final ``vargp.npz`` of a finished run, or a stopped run's row checkpoint),
+the run keeps (a finished run's final ``vargp.npz``, or ``vargp_<row>.npz`` with ``--row``; a
+stopped run's row checkpoint),
 predicts every seen task's test set, checks the accuracies against the run's own accuracy
 matrix, and reports
 

@@ -6,8 +6,9 @@ accuracies is largely shared: an image both get right (or both wrong) says nothi
 is better. The unpaired binomial standard error of one average overstates the uncertainty of
 their difference. This script rebuilds the runs' task stream
 (``ppl_cl.experiments.vargp.STREAMS``, from each run's ``config.json``), loads each run's learner
-after the same number of tasks (the final ``vargp.npz`` of a finished run, or the row's
-checkpoint ``checkpoints/<row>.npz`` of a stopped one), predicts every seen task's test set,
+after the same number of tasks (a finished run's final ``vargp.npz`` for its first row,
+``vargp_<row>.npz`` for a later one, or the row's checkpoint ``checkpoints/<row>.npz`` of a
+stopped run), predicts every seen task's test set,
 checks that the accuracies equal the run's own accuracy matrix, and reports
 :func:`ppl_cl.metrics.paired_accuracy_difference`: the difference A - B of the average accuracy
 over the tasks seen, its paired standard error (on Permuted MNIST every task scores the same
@@ -19,6 +20,8 @@ Usage::
 
     python benchmarks/vargp_paired.py runs/perm100_vargp_s1 runs/perm100_block_s1 \\
         --out benchmarks/results/vargp_permuted_mnist_len100_seed1_paired.json
+    # two rows of one run (it trained both)
+    python benchmarks/vargp_paired.py RUN RUN --row-a global --row-b mle_hypers
 
 Writes JSON (and a Markdown table beside it, same stem). Nothing is trained.
 """

@@ -11,7 +11,8 @@
 Accuracies in ``summary`` are in percent, as in Table 1 of the paper. Each run writes the
 accuracy matrix ``R[i, j]`` (after task i, on task j — the whole row, so that Fig. 3's upper
 triangle exists), the normalized predictive-entropy matrix, per-task training records, figures,
-the VAR-GP checkpoint (``vargp.npz``) and ``posterior.nc`` (ArviZ).
+the VAR-GP checkpoint (``vargp.npz``; a stream run's later rows as ``vargp_<row>.npz``,
+:func:`row_learner_file`) and ``posterior.nc`` (ArviZ).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ppl_cl.persist import CheckpointError
 __all__ = ["ToyConfig", "StreamConfig", "SplitMNISTConfig", "PermutedMNISTConfig",
            "SplitDigitsConfig", "VARIANTS", "ROW_LABELS", "PARTIAL", "STREAMS", "run_stream",
            "stream_checkpoints", "current_partial", "StreamRun", "load_stream_run",
-           "variant_learner_kwargs", "stream_rows", "split_mnist_stream", "permuted_mnist_stream",
+           "variant_learner_kwargs", "stream_rows", "row_learner_file", "split_mnist_stream", "permuted_mnist_stream",
            "split_digits_stream"]
 
 # summary-key suffix -> learner options (Table 1 rows; "var_gp" is the method itself)
@@ -251,8 +252,9 @@ class StreamRun:
     #: row -> accuracy matrix R (fractions; rows of the tasks not trained yet are NaN)
     accuracy: dict[str, np.ndarray]
     #: row -> ``VARGP.state_dict()`` after the row's last finished task, for the rows whose
-    #: learner the folder keeps: every row of a stopped run, the first row of a finished one
-    #: (``vargp.npz``; :func:`stream_rows`)
+    #: learner the folder keeps: every row of a stopped run (its checkpoints) and of a finished
+    #: one (:func:`row_learner_file`; a finished run written before 2026-11-27 keeps only its
+    #: first row's, ``vargp.npz``)
     states: dict[str, dict[str, Any]]
 
     def _recorded(self) -> dict[str, Any]:
@@ -290,8 +292,13 @@ class StreamRun:
         from ppl_cl.learners.vargp import VARGP
 
         if row not in self.states:
-            what = ("a finished run keeps the learner of its first row only"
-                    if self.finished else "no checkpoint of that row")
+            # a stopped run's rows are its checkpoints: a row it lacks was not trained
+            if row not in self.accuracy:
+                what = "the run has not trained it"
+            else:
+                file = row_learner_file(row, first=row == next(iter(self.accuracy)))
+                what = (f"no {file}; a finished run written before 2026-11-27 keeps the "
+                        "learner of its first row only")
             raise ValueError(f"{self.path}: no learner of row {row!r} ({what}; has "
                              f"{sorted(self.states)})")
         config = self.config() if config is None else config
@@ -305,7 +312,8 @@ class StreamRun:
                      num_classes: int = 10):
         """``(row, learner)``: :meth:`learner` of ``row``, by default the first row (in
         :func:`stream_rows` order) whose learner the run keeps: a finished run's first row, a
-        stopped run's first row with a checkpoint."""
+        stopped run's first row with a checkpoint. Pass ``row`` to read a later row of a run
+        that trained several (two rows of one run compare on the same test images)."""
         if not self.states:
             raise FileNotFoundError(f"{self.path}: keeps no learner (a finished run without "
                                     "vargp.npz?)")
@@ -331,10 +339,11 @@ class StreamRun:
 
 def load_stream_run(run_dir, learners: bool = True) -> StreamRun:
     """Read a stream run folder: a finished run's accuracy matrices from ``metrics.json``
-    (``variants.<row>.accuracy_matrix``, in the order the rows trained) and its first row's
-    learner from ``vargp.npz`` (not read with ``learners=False``, for readers of the accuracies
-    only); a stopped run's from its row checkpoints (:func:`stream_checkpoints`), which hold
-    both."""
+    (``variants.<row>.accuracy_matrix``, in the order the rows trained) and its rows' learners
+    from :func:`row_learner_file` (``vargp.npz`` for the first row, ``vargp_<row>.npz`` for the
+    others; those present, since runs written before 2026-11-27 saved the first only; not read
+    with ``learners=False``, for readers of the accuracies only); a stopped run's from its row
+    checkpoints (:func:`stream_checkpoints`), which hold both."""
     import json
 
     from ppl_cl.persist import load_tree
@@ -347,9 +356,10 @@ def load_stream_run(run_dir, learners: bool = True) -> StreamRun:
         variants = json.loads(metrics.read_text()).get("variants", {})
         accuracy = {name: np.asarray(v["accuracy_matrix"], dtype=float)
                     for name, v in variants.items()}
-        final = run_dir / "vargp.npz"
-        states = ({next(iter(variants)): load_tree(final)[0]}
-                  if learners and variants and final.is_file() else {})
+        files = {name: run_dir / row_learner_file(name, first=i == 0)
+                 for i, name in enumerate(variants)}
+        states = ({name: load_tree(path)[0] for name, path in files.items() if path.is_file()}
+                  if learners else {})
         return StreamRun(run_dir, recorded, True, accuracy, states)
     rows = stream_checkpoints(run_dir)
     if not rows:
@@ -576,11 +586,21 @@ def _accuracy_figure(ctx: RunContext, R: np.ndarray, title: str, name: str) -> N
 # ---------------------------------------------------------------------------------------------
 def stream_rows(config: StreamConfig) -> tuple[str, ...]:
     """The rows a stream run trains, in order: ``var_gp`` (unless ``run_var_gp=False``), then
-    the ablations; the first is the one whose learner the run saves as ``vargp.npz``."""
+    the ablations; the first is the one whose learner the run saves as ``vargp.npz`` and whose
+    figures and ``posterior.nc`` it writes (:func:`row_learner_file`)."""
     rows = (("var_gp",) if config.run_var_gp else ()) + _check_ablations(config.ablations)
     if not rows:
         raise ValueError("nothing to train: run_var_gp=False and no ablations")
     return rows
+
+
+def row_learner_file(row: str, first: bool) -> str:
+    """The file in a finished stream run's folder that holds row ``row``'s final learner
+    (``VARGP.save``): ``vargp.npz`` for the run's first row (:func:`stream_rows`; the name
+    users' scripts load), ``vargp_<row>.npz`` for every later one, so that two rows of one run
+    can be compared on the same test images without training either again
+    (``benchmarks/vargp_paired.py RUN RUN --row-a var_gp --row-b block_diag``)."""
+    return "vargp.npz" if first else f"vargp_{row}.npz"
 
 
 def _stream_experiment(config: StreamConfig, ctx: RunContext, tasks, valids, num_classes: int,
@@ -601,7 +621,8 @@ def _stream_experiment(config: StreamConfig, ctx: RunContext, tasks, valids, num
     main = results[first]
     label = "" if first == "var_gp" else f" {ROW_LABELS[first]}"
     learner = main["learner"]
-    learner.save(ctx.out_dir / "vargp.npz")
+    for i, variant in enumerate(variants):
+        results[variant]["learner"].save(ctx.out_dir / row_learner_file(variant, first=i == 0))
     try:
         idata = learner.to_inference_data(num_draws=config.posterior_draws, seed=ctx.seed)
         idata.to_netcdf(str(ctx.out_dir / "posterior.nc"))

@@ -636,9 +636,10 @@ def test_paired_comparison_of_two_runs(tmp_path, monkeypatch):
     learner of a finished run (``vargp.npz``) or of a stopped one (its row checkpoint), and
     reproduces the run's own accuracies exactly; the paired difference of two rows is the
     difference of their final average accuracies; runs after different tasks are refused.
-    The run reader behind it (``load_stream_run``) keeps every row of a stopped run and the
-    first row of a finished one, and refuses a run whose config a changed default would no
-    longer rebuild."""
+    The run reader behind it (``load_stream_run``) keeps every row of a stopped run and of a
+    finished one (``vargp.npz``, ``vargp_<row>.npz``): two rows of one run compare exactly as
+    the same rows run apart (rows share no random stream). It refuses a run whose config a
+    changed default would no longer rebuild."""
     import shutil
 
     from ppl_cl.data.loaders import load_digits
@@ -653,7 +654,7 @@ def test_paired_comparison_of_two_runs(tmp_path, monkeypatch):
     b = run_experiment("vargp-split-digits", out=tmp_path / "b",
                        overrides={"ablations": "[block_diag]", "run_var_gp": "false",
                                   "max_epochs": "2"}, **kw)
-    res = paired.compare(tmp_path / "a", tmp_path / "b")
+    res = res_ab = paired.compare(tmp_path / "a", tmp_path / "b")
     assert (res["a"]["row"], res["b"]["row"], res["tasks_done"]) == ("var_gp", "block_diag", 5)
     assert res["a"]["max_abs_diff_from_run_R"] == 0 == res["b"]["max_abs_diff_from_run_R"]
     avg = res["average"]
@@ -701,8 +702,26 @@ def test_paired_comparison_of_two_runs(tmp_path, monkeypatch):
     x = load_digits()[0][:50]
     np.testing.assert_array_equal(rebuilt.predict(x).probs, saved_learner.predict(x).probs)
     assert stopped.learner("var_gp").num_updates == 2
-    with pytest.raises(ValueError, match="first row only"):
+    with pytest.raises(ValueError, match="has not trained it"):
         load_stream_run(tmp_path / "b").learner("var_gp")
+    # one run with both rows keeps both learners; compared with itself row by row it gives
+    # exactly the comparison of the two separate runs
+    run_experiment("vargp-split-digits", out=tmp_path / "d",
+                   overrides={"ablations": "[block_diag]", "max_epochs": "2"}, **kw)
+    assert (tmp_path / "d" / "vargp.npz").is_file()
+    assert (tmp_path / "d" / "vargp_block_diag.npz").is_file()
+    both = load_stream_run(tmp_path / "d")
+    assert list(both.states) == ["var_gp", "block_diag"]
+    one_run = paired.compare(tmp_path / "d", tmp_path / "d", "var_gp", "block_diag")
+    assert one_run["average"] == res_ab["average"] and one_run["per_task"] == res_ab["per_task"]
+    assert one_run["b"]["max_abs_diff_from_run_R"] == 0
+    # a finished run written before the later rows' files existed: a clear refusal
+    old = tmp_path / "d_old"
+    shutil.copytree(tmp_path / "d", old)
+    (old / "vargp_block_diag.npz").unlink()
+    assert list(load_stream_run(old).states) == ["var_gp"]
+    with pytest.raises(ValueError, match="no vargp_block_diag.npz.*first row only"):
+        load_stream_run(old).learner("block_diag")
     with pytest.raises(FileNotFoundError, match="neither metrics.json nor row checkpoints"):
         load_stream_run(tmp_path / "empty")
     # runs of other seeds or test sets are refused (config.json of a copy of run b, edited)
