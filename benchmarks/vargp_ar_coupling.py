@@ -5,8 +5,8 @@ S_j)`` with ``A_j = K_{j,<j} K_{<j,<j}^{-1}``; the block-diagonal ablation (Sect
 ``A_j u_<j``. The two guides differ only through ``A_j``, so its size says how far apart the
 ablation *can* be from VAR-GP on a given stream. This script reads the learner state of VAR-GP
 stream runs (``<run>/checkpoints/<row>.npz`` of a stopped or running run, or the final
-``vargp.npz`` / ``vargp_<row>.npz`` of a finished one) and reports, at the posterior mean of q(theta) (the point theta
-of MLE Hypers), per task ``j >= 2`` averaged over the K class GPs:
+``vargp.npz`` / ``vargp_<row>.npz`` of a finished one) and reports, at the posterior mean of
+q(theta) (the point theta of MLE Hypers), per task ``j >= 2`` averaged over the K class GPs:
 
 * ``prior_coupling`` = tr(A_j K_{<j,j}) / tr(K_jj) = ||L_{j,<j}||_F^2 / tr(K_jj): the share of
   u_j's prior variance that u_<j determines (0: independent, 1: determined). Identity (i) of

@@ -29,8 +29,8 @@ from ppl_cl.persist import CheckpointError
 __all__ = ["ToyConfig", "StreamConfig", "SplitMNISTConfig", "PermutedMNISTConfig",
            "SplitDigitsConfig", "VARIANTS", "ROW_LABELS", "PARTIAL", "STREAMS", "run_stream",
            "stream_checkpoints", "current_partial", "StreamRun", "load_stream_run",
-           "variant_learner_kwargs", "stream_rows", "row_learner_file", "split_mnist_stream", "permuted_mnist_stream",
-           "split_digits_stream"]
+           "variant_learner_kwargs", "stream_rows", "row_learner_file", "split_mnist_stream",
+           "permuted_mnist_stream", "split_digits_stream"]
 
 # summary-key suffix -> learner options (Table 1 rows; "var_gp" is the method itself)
 VARIANTS: dict[str, dict[str, str]] = {
@@ -296,7 +296,7 @@ class StreamRun:
             if row not in self.accuracy:
                 what = "the run has not trained it"
             else:
-                file = row_learner_file(row, first=row == next(iter(self.accuracy)))
+                file = row_learner_file(row, self.accuracy)
                 what = (f"no {file}; a finished run written before 2026-11-27 keeps the "
                         "learner of its first row only")
             raise ValueError(f"{self.path}: no learner of row {row!r} ({what}; has "
@@ -356,8 +356,7 @@ def load_stream_run(run_dir, learners: bool = True) -> StreamRun:
         variants = json.loads(metrics.read_text()).get("variants", {})
         accuracy = {name: np.asarray(v["accuracy_matrix"], dtype=float)
                     for name, v in variants.items()}
-        files = {name: run_dir / row_learner_file(name, first=i == 0)
-                 for i, name in enumerate(variants)}
+        files = {name: run_dir / row_learner_file(name, variants) for name in variants}
         states = ({name: load_tree(path)[0] for name, path in files.items() if path.is_file()}
                   if learners else {})
         return StreamRun(run_dir, recorded, True, accuracy, states)
@@ -594,13 +593,14 @@ def stream_rows(config: StreamConfig) -> tuple[str, ...]:
     return rows
 
 
-def row_learner_file(row: str, first: bool) -> str:
+def row_learner_file(row: str, rows) -> str:
     """The file in a finished stream run's folder that holds row ``row``'s final learner
-    (``VARGP.save``): ``vargp.npz`` for the run's first row (:func:`stream_rows`; the name
+    (``VARGP.save``), where ``rows`` are the run's rows in training order (:func:`stream_rows`,
+    or the keys of ``metrics.json``'s ``variants``): ``vargp.npz`` for the first (the name
     users' scripts load), ``vargp_<row>.npz`` for every later one, so that two rows of one run
     can be compared on the same test images without training either again
     (``benchmarks/vargp_paired.py RUN RUN --row-a var_gp --row-b block_diag``)."""
-    return "vargp.npz" if first else f"vargp_{row}.npz"
+    return "vargp.npz" if row == next(iter(rows)) else f"vargp_{row}.npz"
 
 
 def _stream_experiment(config: StreamConfig, ctx: RunContext, tasks, valids, num_classes: int,
@@ -621,8 +621,8 @@ def _stream_experiment(config: StreamConfig, ctx: RunContext, tasks, valids, num
     main = results[first]
     label = "" if first == "var_gp" else f" {ROW_LABELS[first]}"
     learner = main["learner"]
-    for i, variant in enumerate(variants):
-        results[variant]["learner"].save(ctx.out_dir / row_learner_file(variant, first=i == 0))
+    for variant in variants:
+        results[variant]["learner"].save(ctx.out_dir / row_learner_file(variant, variants))
     try:
         idata = learner.to_inference_data(num_draws=config.posterior_draws, seed=ctx.seed)
         idata.to_netcdf(str(ctx.out_dir / "posterior.nc"))
