@@ -87,14 +87,16 @@ def coupling(state: dict, guide: str = "autoregressive") -> list[dict]:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True,
+                        help="report path: writes PATH.json and PATH.md "
+                             "(a suffix given is replaced)")
     args = parser.parse_args(argv)
     result: dict = {"jitter": JITTER, "runs": {}}
     for run in args.runs:
         result["runs"][str(run)] = {row: coupling(st, guide) for row, (st, guide) in
                                     _learner_states(run).items()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     lines = ["# VAR-GP: coupling of each task's inducing outputs to the earlier tasks'", "",
              "At the mean of q(theta) (MLE Hypers: its point theta), averaged over the class "
              "GPs. prior coupling = tr(K_{j,<j} K_{<j}^{-1} K_{<j,j}) / tr(K_jj); max corr = "

@@ -109,14 +109,15 @@ def main(argv=None) -> int:
     ap.add_argument("run", type=Path)
     ap.add_argument("--row", default=None, help="row of the run (default: its first kept)")
     ap.add_argument("--data-dir", default=None)
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="report path: writes PATH.json and PATH.md (a suffix given is replaced)")
     args = ap.parse_args(argv)
     res = confusion_of_run(args.run, args.row, args.data_dir)
     md = _markdown(res)
     print(md)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(res, indent=1) + "\n")
+        args.out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
         args.out.with_suffix(".md").write_text(md)
     return 0
 

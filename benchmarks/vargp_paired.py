@@ -120,14 +120,15 @@ def main(argv=None) -> int:
     ap.add_argument("--row-a", default=None, help="row of run A (default: its first)")
     ap.add_argument("--row-b", default=None, help="row of run B (default: its first)")
     ap.add_argument("--data-dir", default=None)
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="report path: writes PATH.json and PATH.md (a suffix given is replaced)")
     args = ap.parse_args(argv)
     res = compare(args.run_a, args.run_b, args.row_a, args.row_b, args.data_dir)
     md = _markdown(res)
     print(md)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(res, indent=2) + "\n")
+        args.out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
         args.out.with_suffix(".md").write_text(md)
     return 0
 

@@ -95,7 +95,8 @@ def _progress_cell(row: dict) -> str:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="run folders of ppl-cl run")
-    ap.add_argument("--out", type=Path, required=True, help="JSON file to write (and .md)")
+    ap.add_argument("--out", type=Path, required=True,
+                    help="report path: writes PATH.json and PATH.md (a suffix given is replaced)")
     args = ap.parse_args(argv)
 
     result = {"benchmark": "vargp_stream_progress", "runs": {}}
@@ -118,7 +119,7 @@ def main(argv=None) -> dict:
     result["order_by_seed"] = orders
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     kmax = max(r["tasks_done"] for r in table.values())
     lines = ["| row | seed | tasks done | " + " | ".join(f"A{k}" for k in range(1, kmax + 1))
              + " | forgetting at last task done | in progress |",
