@@ -303,6 +303,36 @@ def test_runs_on_cuda():
     assert res.params["loc"].device.type == "cuda"
 
 
+@pytest.mark.gpu
+def test_a_fit_on_cuda_resumed_from_a_snapshot_ends_like_the_uninterrupted_fit(tmp_path):
+    """The snapshot carries the CUDA generator's state: the guide draws on the GPU, so a
+    resumed fit repeats the uninterrupted one bitwise only if that state is restored (a
+    snapshot whose CUDA state is swapped for another ends elsewhere)."""
+    from ppl_cl.persist import load_tree, save_tree
+
+    y = (0.5 + torch.randn(60, generator=torch.Generator().manual_seed(4), dtype=DT)).cuda()
+    cfg = SVIConfig(learning_rate=0.05, batch_size=16, max_epochs=6, patience=50, seed=7,
+                    num_particles=3)
+    snaps = []
+    full = ContinualSVI(normal_model, normal_guide, cfg).fit(
+        (y,), checkpoint=snaps.append, checkpoint_every_s=0.0)
+    assert full.params["loc"].device.type == "cuda"
+    assert len(snaps[2]["rng"]["cuda"]) == 1  # the one device in use
+    path = tmp_path / "snap3.npz"
+    save_tree(path, snaps[2])
+    loaded, _ = load_tree(path)
+    res = ContinualSVI(normal_model, normal_guide, cfg).fit((y,), resume=loaded)
+    assert res.params["loc"].device.type == "cuda"
+    assert all(torch.equal(res.params[k], full.params[k]) for k in full.params)
+    assert res.epoch_losses == full.epoch_losses and res.steps == full.steps
+    # control: the same snapshot with another CUDA generator state
+    torch.cuda.manual_seed(12345)
+    other = {**loaded, "rng": {**loaded["rng"], "cuda": [torch.cuda.get_rng_state()]}}
+    res_other = ContinualSVI(normal_model, normal_guide, cfg).fit((y,), resume=other)
+    assert res_other.epoch_losses[:3] == full.epoch_losses[:3]  # epochs before the snapshot
+    assert res_other.epoch_losses[3:] != full.epoch_losses[3:]
+
+
 @pytest.mark.parametrize("mode, expected", [("first", [True, True, False, False]),
                                             ("always", [True] * 4), ("never", [False] * 4)])
 def test_distribution_checks_run_on_the_first_step_only_by_default(mode, expected):

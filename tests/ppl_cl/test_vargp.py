@@ -834,3 +834,31 @@ def test_learner_runs_on_cuda(blobs, tmp_path):
     learner.save(tmp_path / "gpu.npz")
     again = Learner.load(tmp_path / "gpu.npz")
     np.testing.assert_array_equal(again.predict(blobs["xt"]).probs, probs)
+
+
+@pytest.mark.gpu
+def test_learner_on_cuda_resumes_mid_task_like_the_uninterrupted_update(blobs, tmp_path):
+    """A VAR-GP task on the GPU, snapshot after every epoch (``checkpoint_every_s=0``): a
+    fresh learner resumed from the snapshot of epoch 2 (through the file format) ends the
+    task with the same parameters and predictions as the learner that was never stopped."""
+    from ppl_cl.persist import load_tree, save_tree
+
+    cfg = {**SMALL, "max_epochs": 5, "patience": 50, "dtype": "float32", "seed": 3}
+    snaps = []
+    straight = VARGP(4, **cfg, device="cuda")
+    straight.update(blobs["train"][0], validation=blobs["valid"][0],
+                    checkpoint=snaps.append, checkpoint_every_s=0.0)
+    assert [s["fit"]["epoch"] for s in snaps] == [1, 2, 3, 4]
+    save_tree(tmp_path / "snap.npz", snaps[1])
+    loaded, _ = load_tree(tmp_path / "snap.npz")
+    resumed = VARGP(4, **cfg, device="cuda")
+    resumed.update(blobs["train"][0], validation=blobs["valid"][0], resume=loaded)
+    assert resumed.tasks[0].mean.device.type == "cuda"
+    np.testing.assert_array_equal(resumed.predict(blobs["xt"]).probs,
+                                  straight.predict(blobs["xt"]).probs)
+    a, b = resumed.state_dict(), straight.state_dict()
+    timing = ("wall_time_s", "seconds_per_epoch")
+    for state in (a, b):
+        state["history"] = [{k: v for k, v in r.items() if k not in timing}
+                            for r in state["history"]]
+    assert _state_equal(a, b)
