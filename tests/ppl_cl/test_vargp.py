@@ -74,6 +74,12 @@ def _state_equal(a: dict, b: dict) -> bool:
     return True
 
 
+def _untimed(records: list[dict]) -> list[dict]:
+    """Task records without their wall-clock fields (which differ between any two runs)."""
+    return [{k: v for k, v in r.items() if k not in ("wall_time_s", "seconds_per_epoch")}
+            for r in records]
+
+
 # ---------------------------------------------------------------------------------------------
 # protocol
 # ---------------------------------------------------------------------------------------------
@@ -200,10 +206,8 @@ def test_resume_after_save_load_matches_uninterrupted_run(blobs, tmp_path):
     got = resumed.predict(blobs["xt"]).probs
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
     a, b = resumed.state_dict(), straight.state_dict()
-    timing = ("wall_time_s", "seconds_per_epoch")
     for state in (a, b):
-        state["history"] = [{k: v for k, v in r.items() if k not in timing}
-                            for r in state["history"]]
+        state["history"] = _untimed(state["history"])
     assert _state_equal(a, b)  # bitwise: parameters, q(theta), losses and validation curves
 
 
@@ -545,9 +549,7 @@ def test_stopped_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
         a, b = whole["variants"][variant], resumed["variants"][variant]
         np.testing.assert_array_equal(a["accuracy_matrix"], b["accuracy_matrix"])
         np.testing.assert_array_equal(a["entropy_matrix"], b["entropy_matrix"])
-        drop = ("wall_time_s", "seconds_per_epoch")
-        assert ([{k: v for k, v in r.items() if k not in drop} for r in a["records"]]
-                == [{k: v for k, v in r.items() if k not in drop} for r in b["records"]])
+        assert _untimed(a["records"]) == _untimed(b["records"])
     assert resumed["summary"]["final_avg_accuracy"] == whole["summary"]["final_avg_accuracy"]
 
 
@@ -617,9 +619,7 @@ def test_a_run_stopped_mid_task_resumes_from_its_snapshot(tmp_path, monkeypatch)
     a, b = whole["variants"]["var_gp"], resumed["variants"]["var_gp"]
     np.testing.assert_array_equal(a["accuracy_matrix"], b["accuracy_matrix"])
     np.testing.assert_array_equal(a["entropy_matrix"], b["entropy_matrix"])
-    drop = ("wall_time_s", "seconds_per_epoch")
-    assert ([{k: v for k, v in r.items() if k not in drop} for r in a["records"]]
-            == [{k: v for k, v in r.items() if k not in drop} for r in b["records"]])
+    assert _untimed(a["records"]) == _untimed(b["records"])
 
 
 def test_current_partial_skips_a_finished_tasks_snapshot():
@@ -857,8 +857,6 @@ def test_learner_on_cuda_resumes_mid_task_like_the_uninterrupted_update(blobs, t
     np.testing.assert_array_equal(resumed.predict(blobs["xt"]).probs,
                                   straight.predict(blobs["xt"]).probs)
     a, b = resumed.state_dict(), straight.state_dict()
-    timing = ("wall_time_s", "seconds_per_epoch")
     for state in (a, b):
-        state["history"] = [{k: v for k, v in r.items() if k not in timing}
-                            for r in state["history"]]
+        state["history"] = _untimed(state["history"])
     assert _state_equal(a, b)
