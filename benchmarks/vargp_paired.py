@@ -22,6 +22,8 @@ Usage::
         --out benchmarks/results/vargp_permuted_mnist_len100_seed1_paired.json
     # two rows of one run (it trained both)
     python benchmarks/vargp_paired.py RUN RUN --row-a global --row-b mle_hypers
+    # runs trained on a GPU: predict there too (the same generator as the run's own scores)
+    python benchmarks/vargp_paired.py RUN_A RUN_B --device cuda
 
 Writes JSON (and a Markdown table beside it, same stem). Nothing is trained.
 """
@@ -44,7 +46,7 @@ DATA_FIELDS = ("n_tasks", "n_valid", "n_test", "train_per_task", "test_per_task"
 
 
 def compare(run_a: Path, run_b: Path, row_a: str | None = None, row_b: str | None = None,
-            data_dir: str | None = None) -> dict:
+            data_dir: str | None = None, device: str = "cpu") -> dict:
     """The paired comparison of the module docstring, as a JSON-able dict."""
     run_a, run_b = Path(run_a), Path(run_b)
     stream_a, stream_b = load_stream_run(run_a), load_stream_run(run_b)
@@ -60,8 +62,8 @@ def compare(run_a: Path, run_b: Path, row_a: str | None = None, row_b: str | Non
                              f"{run_b} has {cfg_b['config'].get(key)!r} (different test sets)")
     tasks, _ = STREAMS[experiment](config_a, seed, data_dir)
 
-    row_a, learner_a = stream_a.kept_learner(config_a, row_a)
-    row_b, learner_b = stream_b.kept_learner(config_b, row_b)
+    row_a, learner_a = stream_a.kept_learner(config_a, row_a, device=device)
+    row_b, learner_b = stream_b.kept_learner(config_b, row_b, device=device)
     k = learner_a.num_updates
     if learner_b.num_updates != k:
         raise ValueError(f"{run_a} ({row_a}) has {k} tasks done, {run_b} ({row_b}) "
@@ -120,10 +122,13 @@ def main(argv=None) -> int:
     ap.add_argument("--row-a", default=None, help="row of run A (default: its first)")
     ap.add_argument("--row-b", default=None, help="row of run B (default: its first)")
     ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--device", default="cpu",
+                    help="where the learners predict (cuda for runs trained there: their "
+                         "predictive samples come from that device's generator)")
     ap.add_argument("--out", type=Path, default=None,
                     help="report path: writes PATH.json and PATH.md (a suffix given is replaced)")
     args = ap.parse_args(argv)
-    res = compare(args.run_a, args.run_b, args.row_a, args.row_b, args.data_dir)
+    res = compare(args.run_a, args.run_b, args.row_a, args.row_b, args.data_dir, args.device)
     md = _markdown(res)
     print(md)
     if args.out is not None:

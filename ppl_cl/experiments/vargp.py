@@ -285,10 +285,13 @@ class StreamRun:
                                  "since)")
         return config
 
-    def learner(self, row: str, config: "StreamConfig | None" = None, num_classes: int = 10):
+    def learner(self, row: str, config: "StreamConfig | None" = None, num_classes: int = 10,
+                device: str = "cpu"):
         """Row ``row``'s learner after its last finished task, built as the experiment builds it
         (:func:`variant_learner_kwargs` of ``config``, default :meth:`config`, and the run's
-        seed) and loaded with the kept state."""
+        seed) on ``device`` and loaded with the kept state. A run trained on CUDA reproduces its
+        own accuracy matrix when read back on CUDA (its predictive samples come from that
+        device's generator)."""
         from ppl_cl.learners.vargp import VARGP
 
         if row not in self.states:
@@ -302,14 +305,14 @@ class StreamRun:
             raise ValueError(f"{self.path}: no learner of row {row!r} ({what}; has "
                              f"{sorted(self.states)})")
         config = self.config() if config is None else config
-        ctx = RunContext(out_dir=self.path, seed=int(self._recorded()["seed"]),
+        ctx = RunContext(out_dir=self.path, seed=int(self._recorded()["seed"]), device=device,
                          show_progress=False)
         learner = VARGP(num_classes, **variant_learner_kwargs(config, ctx, row))
         learner.load_state_dict(self.states[row])
         return learner
 
     def kept_learner(self, config: "StreamConfig | None" = None, row: str | None = None,
-                     num_classes: int = 10):
+                     num_classes: int = 10, device: str = "cpu"):
         """``(row, learner)``: :meth:`learner` of ``row``, by default the first row (in
         :func:`stream_rows` order) whose learner the run keeps: a finished run's first row, a
         stopped run's first row with a checkpoint. Pass ``row`` to read a later row of a run
@@ -319,7 +322,7 @@ class StreamRun:
                                     "vargp.npz?)")
         config = self.config() if config is None else config
         row = row or next(v for v in stream_rows(config) if v in self.states)
-        return row, self.learner(row, config, num_classes)
+        return row, self.learner(row, config, num_classes, device)
 
     def predict_seen_tasks(self, row: str, learner, tasks
                            ) -> tuple[list[np.ndarray], list[np.ndarray], float]:
