@@ -5,9 +5,13 @@
 # (benchmarks/vargp_paired.py, predicting on the GPU that trained them). Run from the repository
 # root; reads MNIST from $PPL_CL_DATA (default $PWD/.devdata, a copy of the data folder).
 # Each (seed, row) is its own `ppl-cl run` process; CUDA MPS lets their small kernels share the
-# GPU. Rows still running after WATCHDOG_S seconds get SIGTERM (they save a snapshot) and their
-# seed gets no paired report. Everything small (JSON, logs, figures, the paired reports) is packed
-# into $OUT/runs.tgz; the learners (tens of MB each) stay behind.
+# GPU. Rows still running after WATCHDOG_S seconds get SIGTERM (they keep the checkpoint of their
+# last finished task; --checkpoint-every 100000 writes no snapshot within a task) and their seed
+# gets no paired report; EXTRA "--resume" continues them from there on the same machine (as the
+# 2026-11-27 runs of results/vargp_permuted_mnist_gpu_len5_5seeds.md were finished:
+# "290 5 '2 3' cuda --resume", then "150 5 4 cuda --resume", after "430 5 '2 3 4' cuda").
+# Everything small (JSON, logs, figures, the paired reports) is packed into $OUT/runs.tgz; the
+# learners (tens of MB each) stay behind.
 # usage: vargp_table1_gpu_paired.sh WATCHDOG_S MAX_EPOCHS "SEED SEED ..." [DEVICE [EXTRA ARGS]]
 # (DEVICE cpu with EXTRA "--quick" is the dry run this script was checked with before a GPU call.)
 wd=$1; epochs=$2; seeds=$3; dev=${4:-cuda}; shift 4 2>/dev/null; extra=("$@")

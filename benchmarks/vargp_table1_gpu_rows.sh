@@ -5,7 +5,8 @@
 # on a machine with CUDA; it reads MNIST from $PWD/.devdata/mnist (a copy of the data folder),
 # writes the runs to /tmp/r/s<SEED>_<ROW>, and packs their JSON, logs and figures into
 # $OUT/runs.tgz. Each row is its own `ppl-cl run` process; CUDA MPS lets their small kernels share
-# the GPU. Rows still running after WATCHDOG_S seconds get SIGTERM (they save a snapshot).
+# the GPU. Rows still running after WATCHDOG_S seconds get SIGTERM (they keep the checkpoint
+# of their last finished task; --checkpoint-every 100000 writes no snapshot within a task).
 # (In the first call the last step copied each file to $OUT instead of packing them, and the
 # device's limit on the number of returned files cut that short; the second call packed the
 # first call's /tmp/r before its own runs. The training commands were the same in both.)
