@@ -860,3 +860,22 @@ def test_learner_on_cuda_resumes_mid_task_like_the_uninterrupted_update(blobs, t
     for state in (a, b):
         state["history"] = _untimed(state["history"])
     assert _state_equal(a, b)
+
+
+@pytest.mark.gpu
+def test_paired_comparison_of_runs_trained_on_cuda(tmp_path):
+    """Runs trained with ``--device cuda`` read back on CUDA (``vargp_paired.py --device cuda``)
+    reproduce their own accuracy matrices exactly: their predictive samples come from the CUDA
+    generator, as during the run."""
+    from ppl_cl.experiments.base import run_experiment
+
+    paired = _benchmark("vargp_paired")
+    kw = dict(quick=True, show_progress=False, seed=1, device="cuda")
+    run_experiment("vargp-split-digits", out=tmp_path / "a",
+                   overrides={"ablations": "[]", "max_epochs": "2"}, **kw)
+    run_experiment("vargp-split-digits", out=tmp_path / "b",
+                   overrides={"ablations": "[block_diag]", "run_var_gp": "false",
+                              "max_epochs": "2"}, **kw)
+    res = paired.compare(tmp_path / "a", tmp_path / "b", device="cuda")
+    assert res["tasks_done"] == 5
+    assert res["a"]["max_abs_diff_from_run_R"] == 0 == res["b"]["max_abs_diff_from_run_R"]
