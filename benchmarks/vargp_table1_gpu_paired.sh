@@ -14,32 +14,25 @@
 # learners (tens of MB each) stay behind.
 # usage: vargp_table1_gpu_paired.sh WATCHDOG_S MAX_EPOCHS "SEED SEED ..." [DEVICE [EXTRA ARGS]]
 # (DEVICE cpu with EXTRA "--quick" is the dry run this script was checked with before a GPU call.)
+source "$(dirname "$0")/vargp_gpu_rows_lib.sh"
 wd=$1; epochs=$2; seeds=$3; dev=${4:-cuda}; shift 4 2>/dev/null; extra=("$@")
 OUT=${OUT:-/tmp/out}; R=${R:-/tmp/r}; mkdir -p "$OUT" "$R"
 export OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 PPL_CL_DATA=${PPL_CL_DATA:-$PWD/.devdata}
 if [ "$dev" = cuda ]; then
   nvidia-smi --query-gpu=name,memory.used --format=csv
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
-  mkdir -p /tmp/mps /tmp/mpslog; nvidia-cuda-mps-control -d && echo "MPS on"
+  mps_on
 fi
-cli=(python3 -c 'import sys; from ppl_cl.cli import main; sys.exit(main(sys.argv[1:]))')
 pids=()
 for s in $seeds; do
   for a in var_gp block_diag; do
-    if [ "$a" = var_gp ]; then ROW=(--set 'ablations=[]'); else ROW=(--set run_var_gp=false --set "ablations=[$a]"); fi
-    "${cli[@]}" run vargp-permuted-mnist --seed $s --device $dev --no-progress --checkpoint-every 100000 \
+    row_args $a
+    "${PPL_CL[@]}" run vargp-permuted-mnist --seed $s --device $dev --no-progress --checkpoint-every 100000 \
       --set max_epochs=$epochs "${ROW[@]}" "${extra[@]}" --out $R/s${s}_$a > $R/s${s}_$a.out 2>&1 &
     pids+=($!)
   done
 done
 t0=$SECONDS
-while [ $((SECONDS - t0)) -lt $wd ]; do
-  alive=0; for p in "${pids[@]}"; do kill -0 $p 2>/dev/null && alive=1; done
-  [ $alive = 0 ] && break; sleep 2
-done
-echo "training: $((SECONDS - t0)) s"
-for p in "${pids[@]}"; do kill -0 $p 2>/dev/null && { echo "TERM $p"; kill -TERM $p; }; done
-sleep 3
+watch_rows $wd training: "${pids[@]}"
 ppids=()
 for s in $seeds; do
   tail -1 $R/s${s}_var_gp.out; tail -1 $R/s${s}_block_diag.out
