@@ -15,7 +15,8 @@ but nothing here knows about GPs:
 * **early stopping** on a validation metric (higher is better, e.g. accuracy), Algorithm 1 of
   the paper: stop after epoch ``e`` when ``e > patience`` and
   ``|A_e - A_{e - patience}| < tolerance``; the parameters of the best validation epoch are
-  restored at the end (``restore_best``);
+  restored at the end (``restore_best``, the default; Algorithm 1 has no such step and keeps
+  the last epoch's parameters, which ``restore_best=False`` does);
 * **finite-loss guard**: a NaN/inf loss or gradient raises :class:`NonFiniteLossError` naming
   the epoch and step *before* the optimizer touches the parameters;
 * **snapshots within a task**: ``fit(..., checkpoint=fn)`` hands ``fn`` a snapshot of the loop

@@ -103,7 +103,13 @@ class StreamConfig:
     (``benchmarks/results/vargp_split_mnist_global_init.md``).
 
     ``ard``: one lengthscale per pixel (Sect. 4.3, "log-ARD lengthscales") or, with ``false``, a
-    single lengthscale (eq. 20 as printed); ``VARGP(ard=...)``."""
+    single lengthscale (eq. 20 as printed); ``VARGP(ard=...)``.
+
+    Two settings where the paper's words differ from the defaults (``VARGP`` arguments of the
+    same names): ``restore_best`` — Algorithm 1 ends a task with its last epoch's parameters
+    (``false``); by default the best validation epoch's are restored. ``scale_tril_init`` —
+    Sect. 5 starts the Cholesky factor of Sigma_t "at an identity matrix" (``identity``); by
+    default it starts at the prior conditional's (``prior``, identity in whitened coordinates)."""
 
     inducing_per_task: int = 60
     learning_rate: float = 3e-3
@@ -127,6 +133,8 @@ class StreamConfig:
     theta_init_scale: float = 0.1
     ard: bool = True
     global_init: str = "previous"
+    restore_best: bool = True
+    scale_tril_init: str = "prior"
     dtype: str = "float32"
     posterior_draws: int = 100
 
@@ -206,7 +214,9 @@ def variant_learner_kwargs(config: StreamConfig, ctx: RunContext,
                 num_predict_samples=config.num_predict_samples,
                 per_class_inducing_inputs=config.per_class_inducing_inputs,
                 theta_init=config.theta_init, theta_init_scale=config.theta_init_scale,
-                ard=config.ard, global_init=config.global_init, dtype=config.dtype, seed=ctx.seed,
+                ard=config.ard, global_init=config.global_init,
+                restore_best=config.restore_best, scale_tril_init=config.scale_tril_init,
+                dtype=config.dtype, seed=ctx.seed,
                 device=ctx.device, progress=ctx.show_progress, **VARIANTS[variant])
 
 

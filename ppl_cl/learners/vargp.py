@@ -60,6 +60,9 @@ class VARGP(Learner):
             1 toy).
         learning_rate, batch_size, max_epochs, patience, tolerance: Algorithm 1 (ref: Yogi,
             batch 512, at most 500 epochs, patience 200, tolerance 1e-4).
+        restore_best: end a task with the parameters of its best validation epoch (default),
+            or, with ``False``, with those of its last epoch, as Algorithm 1 does (it has no
+            restore step). Only matters when ``update`` gets a validation batch.
         num_theta_samples: theta draws per ELBO evaluation (ref: 3).
         num_f_samples: f draws per theta draw in the ELBO and in prediction (ref: 10).
         num_predict_samples: theta draws for prediction (App. A.1; ref: 10).
@@ -105,7 +108,7 @@ class VARGP(Learner):
                  guide: str = "autoregressive", hyperparameters: str = "variational",
                  beta: float = 1.0, learning_rate: float = 3e-3, batch_size: int = 512,
                  max_epochs: int = 500, patience: int = 200, tolerance: float = 1e-4,
-                 num_theta_samples: int = 3, num_f_samples: int = 10,
+                 restore_best: bool = True, num_theta_samples: int = 3, num_f_samples: int = 10,
                  num_predict_samples: int = 10, theta_init: str = "median",
                  theta_init_scale: float = 0.1, ard: bool = True,
                  per_class_hyperparameters: bool = False, per_class_inducing_inputs: bool = True,
@@ -142,7 +145,8 @@ class VARGP(Learner):
                          guide=guide, hyperparameters=hyperparameters, beta=float(beta),
                          learning_rate=float(learning_rate), batch_size=int(batch_size),
                          max_epochs=int(max_epochs), patience=int(patience),
-                         tolerance=float(tolerance), num_theta_samples=int(num_theta_samples),
+                         tolerance=float(tolerance), restore_best=bool(restore_best),
+                         num_theta_samples=int(num_theta_samples),
                          num_f_samples=int(num_f_samples),
                          num_predict_samples=int(num_predict_samples),
                          theta_init=theta_init, theta_init_scale=float(theta_init_scale),
@@ -175,6 +179,7 @@ class VARGP(Learner):
         return SVIConfig(learning_rate=c["learning_rate"], batch_size=c["batch_size"],
                          max_epochs=c["max_epochs"], patience=c["patience"],
                          tolerance=c["tolerance"], optimizer=c["optimizer"],
+                         restore_best=c["restore_best"],
                          max_plate_nesting=MAX_PLATE_NESTING, seed=self._seed(1, task_index),
                          progress=bool(progress))
 
@@ -218,9 +223,9 @@ class VARGP(Learner):
         Args:
             batch: the task's training data (``x (N, D)``, integer labels ``y (N,)`` in
                 ``0..K-1``).
-            validation: optional held-out batch for early stopping on its accuracy and for
-                restoring the best epoch (the paper's protocol); without it the run lasts
-                ``max_epochs`` and keeps the last parameters.
+            validation: optional held-out batch for early stopping on its accuracy (Algorithm
+                1) and, with ``restore_best``, for restoring the best epoch; without it the
+                run lasts ``max_epochs`` and keeps the last parameters.
             checkpoint: called during the task, every ``checkpoint_every_s`` seconds at an
                 epoch's end, with ``{"task": t, "fit": snapshot}`` (a tree for
                 :func:`ppl_cl.persist.save_tree`; see ``inference.svi.ContinualSVI.fit``).

@@ -248,6 +248,29 @@ def test_isotropic_kernel_learns_saves_and_exports(blobs, tmp_path):
         ard.load_state_dict(learner.state_dict())
 
 
+def test_without_restore_a_task_ends_at_its_last_epoch(blobs):
+    """restore_best=False (Algorithm 1 has no restore step): validation still runs, but the task
+    keeps its last epoch's parameters, the same state as training without a validation set;
+    the default restores the best epoch, which here is not the last one."""
+    cfg = {**SMALL, "patience": 50}  # no early stop: every run trains max_epochs
+    last = VARGP(4, **cfg, restore_best=False)
+    rec = last.update(blobs["train"][0], validation=blobs["valid"][0])
+    assert rec["epochs"] == rec["best_epoch"] == cfg["max_epochs"]
+    blind = VARGP(4, **cfg)
+    blind.update(blobs["train"][0])
+
+    def trained(learner):  # the state without the task records (validation numbers differ)
+        return {k: v for k, v in learner.state_dict().items() if k != "history"}
+
+    assert _state_equal(trained(last), trained(blind))
+    best = VARGP(4, **cfg)
+    rec_best = best.update(blobs["train"][0], validation=blobs["valid"][0])
+    assert rec_best["best_epoch"] < cfg["max_epochs"]
+    assert not _state_equal(trained(best), trained(blind))
+    # the choice is part of the saved config and survives a reload
+    assert VARGP(**json.loads(json.dumps(last.config))).config["restore_best"] is False
+
+
 def test_fixed_hyperparameters_stay_at_their_start(blobs):
     """hyperparameters="fixed" (diagnostic): theta is the median-heuristic start on every task
     (no theta site, no theta param), saved and loaded like a point theta."""
