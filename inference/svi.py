@@ -409,8 +409,9 @@ class ContinualSVI:
                 with torch.no_grad():
                     for n, p in state.params.items():
                         p.copy_(best_snapshot[n])
-            else:
+            else:  # the last epoch's parameters are kept: report its metric, not the best one
                 best_epoch = epoch
+                best_value = dict(validation).get(epoch)
             store = pyro.get_param_store()
             params = {n: store[n].detach().clone() for n in state.params}
         wall = time.perf_counter() - t0

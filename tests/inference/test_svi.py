@@ -219,8 +219,10 @@ def test_early_stopping_restores_the_best_parameters():
 
     no_restore = ContinualSVI(normal_model, normal_guide,
                               SVIConfig(**{**cfg.__dict__, "restore_best": False})).fit(
-        (y,), validate=iter([0.5, 0.6, 0.7, 0.7, 0.7]).__next__)
-    assert float(no_restore.params["loc"]) == seen[4]
+        (y,), validate=iter([0.5, 0.7, 0.6, 0.6, 0.6]).__next__)
+    # best 0.7 at epoch 2, but the last epoch's parameters are kept, and reported as kept
+    assert no_restore.epochs == 5 and float(no_restore.params["loc"]) == seen[4]
+    assert no_restore.best_epoch == 5 and no_restore.best_validation == 0.6
 
 
 def test_a_fit_resumed_from_a_snapshot_ends_like_the_uninterrupted_fit(tmp_path):

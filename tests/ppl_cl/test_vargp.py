@@ -256,6 +256,7 @@ def test_without_restore_a_task_ends_at_its_last_epoch(blobs):
     last = VARGP(4, **cfg, restore_best=False)
     rec = last.update(blobs["train"][0], validation=blobs["valid"][0])
     assert rec["epochs"] == rec["best_epoch"] == cfg["max_epochs"]
+    assert rec["best_validation"] == rec["validation"][-1]  # the kept epoch's, not the best
     blind = VARGP(4, **cfg)
     blind.update(blobs["train"][0])
 
