@@ -155,7 +155,8 @@ class FitResult(NamedTuple):
         epoch_losses: mean minibatch loss per epoch.
         validation: validation metric per validated epoch, as ``(epoch, value)``.
         best_epoch: epoch of the restored parameters (1-based; the last epoch otherwise).
-        best_validation: the metric at ``best_epoch`` (None without validation).
+        best_validation: the metric at ``best_epoch`` (None without validation, or when
+            ``restore_best=False`` and the last epoch was not validated).
         epochs, steps: epochs run and optimizer steps taken.
         stopped_early: True if the plateau rule stopped the run before ``max_epochs``.
         wall_time_s: seconds spent in the loop; seconds_per_epoch: training time per epoch
