@@ -397,8 +397,9 @@ def run_stream(tasks, valids, num_classes: int, learner_kwargs: dict[str, Any],
     (``ppl-cl run --resume``) the loop continues after the last checkpointed task, which gives
     the result of an uninterrupted run (the learner's randomness is seeded per task). Within a
     task, a snapshot of the SVI loop goes to ``<key>-partial`` (:data:`PARTIAL`) every
-    ``ctx.checkpoint_every_s`` seconds (``ppl-cl run --checkpoint-every``), so a run stopped
-    mid-task resumes from its last snapshot, again with the uninterrupted result.
+    ``ctx.checkpoint_every_s`` seconds (``ppl-cl run --checkpoint-every``), with a line in
+    ``progress.log`` (epoch, last and best validation accuracy), so a run stopped mid-task
+    resumes from its last snapshot, again with the uninterrupted result.
 
     ``task_valids`` (one validation batch per task; default ``valids``) are scored once more
     after the last task: ``final_avg_validation_accuracy`` is their mean accuracy, the
@@ -432,7 +433,8 @@ def run_stream(tasks, valids, num_classes: int, learner_kwargs: dict[str, Any],
         if partial is not None:
             ctx.log(f"{key}: task {i + 1}/{T} resumes after epoch {partial['fit']['epoch']}")
         rec = learner.update(tasks[i].train, validation=valids[i] if valids else None,
-                             checkpoint=lambda tree: ctx.save_checkpoint(partial_key, tree),
+                             checkpoint=lambda tree: _save_partial(ctx, partial_key, tree,
+                                                                   key, T),
                              checkpoint_every_s=ctx.checkpoint_every_s, resume=partial)
         partial = None
         R[i], H[i] = evaluate_tasks(learner, tasks)
@@ -454,6 +456,21 @@ def run_stream(tasks, valids, num_classes: int, learner_kwargs: dict[str, Any],
             "final_avg_accuracy": 100 * final_average_accuracy(R),
             "forgetting": 100 * forgetting(R) if T > 1 else 0.0,
             "records": list(learner.history)}
+
+
+def _save_partial(ctx: RunContext, partial_key: str, tree: dict, key: str,
+                  n_tasks: int) -> None:
+    """Save a within-task snapshot of the SVI loop and say so in ``progress.log``: a task at
+    the paper's length (up to 500 epochs) runs for hours, and without this line the log is
+    silent until it ends."""
+    ctx.save_checkpoint(partial_key, tree)
+    fit = tree["fit"]
+    last = fit["validation"][-1][1] if fit["validation"] else None
+    best = fit["best_value"]
+    ctx.log(f"{key}: task {tree['task']}/{n_tasks}: epoch {fit['epoch']}, snapshot saved, "
+            f"validation {'-' if last is None else f'{last:.4f}'} "
+            f"(best {'-' if best is None else f'{best:.4f}'} at epoch {fit['best_epoch']}), "
+            f"{fit['train_time_s']:.1f} s")
 
 
 def _subsample(batch, n: int, seed: int):

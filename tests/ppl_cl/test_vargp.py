@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -639,6 +640,15 @@ def test_a_run_stopped_mid_task_resumes_from_its_snapshot(tmp_path, monkeypatch)
     assert log.count("var_gp: resumed after task 2/5") == 2
     assert log.count("resumes after epoch") == 1
     assert "var_gp: task 3/5 resumes after epoch 2" in log
+    # each saved snapshot gets a line in the log (epochs 1-3 of every task; in task 3, epoch 2's
+    # save was the one killed before its line, and the resumed fit saved epoch 3)
+    snaps = re.findall(r"var_gp: task (\d)/5: epoch (\d+), snapshot saved, validation "
+                       r"(\d\.\d{4}) \(best (\d\.\d{4}) at epoch (\d+)\), [\d.]+ s", log)
+    assert [(int(t), int(e)) for t, e, *_ in snaps] == [
+        (1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3), (3, 1), (3, 3), (4, 1), (4, 2), (4, 3),
+        (5, 1), (5, 2), (5, 3)]
+    assert all(float(v) <= float(b) and 1 <= int(be) <= int(e)
+               for _, e, v, b, be in snaps)
     assert not (cut / "checkpoints").exists()
     a, b = whole["variants"]["var_gp"], resumed["variants"]["var_gp"]
     np.testing.assert_array_equal(a["accuracy_matrix"], b["accuracy_matrix"])
