@@ -92,6 +92,13 @@ def _progress_cell(row: dict) -> str:
     return f"task {now['task']}: epoch {now['epoch']}{best}"
 
 
+def _settings_cell(config: dict) -> str:
+    """The run's ``--set`` values (``config.json``'s ``overrides``), which tell apart two runs
+    of one row and seed; ``ablations`` is left out (the row column names the row)."""
+    sets = {k: v for k, v in (config.get("overrides") or {}).items() if k != "ablations"}
+    return ", ".join(f"`{k}={v}`" for k, v in sorted(sets.items())) or "defaults"
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="run folders of ppl-cl run")
@@ -108,9 +115,13 @@ def main(argv=None) -> dict:
         seed = config.get("seed")
         for name, row in rows.items():
             table[(name, seed, str(run))] = row
-    # order of the rows at every task k all of them reached, per seed
+    # order of the rows at every task k all of them reached, per seed (not for a seed with two
+    # runs of one row, e.g. the same row at two settings: the order of row names is undefined)
     orders = {}
     for seed in sorted({s for _, s, _ in table}, key=str):
+        names = [n for (n, s, _) in table if s == seed]
+        if len(names) != len(set(names)):
+            continue
         rows = {n: r for (n, s, _), r in table.items() if s == seed}
         common = min(r["tasks_done"] for r in rows.values())
         orders[str(seed)] = {
@@ -121,15 +132,17 @@ def main(argv=None) -> dict:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     kmax = max(r["tasks_done"] for r in table.values())
-    lines = ["| row | seed | tasks done | " + " | ".join(f"A{k}" for k in range(1, kmax + 1))
+    lines = ["| row | seed | settings (--set) | tasks done | "
+             + " | ".join(f"A{k}" for k in range(1, kmax + 1))
              + " | forgetting at last task done | in progress |",
-             "|---|---|---|" + "---|" * kmax + "---|---|"]
+             "|---|---|---|---|" + "---|" * kmax + "---|---|"]
     rank = {name: i for i, name in enumerate(ROW_LABELS)}   # Table 1 order, unknown rows last
-    for (name, seed, _), r in sorted(table.items(),
-                                     key=lambda t: (str(t[0][1]), rank.get(t[0][0], len(rank)))):
+    for (name, seed, run), r in sorted(table.items(),
+                                       key=lambda t: (str(t[0][1]), rank.get(t[0][0], len(rank)))):
         accs = [f"{a:.2f}" for a in r["average_accuracy"]] + ["—"] * (kmax - r["tasks_done"])
         f = r["forgetting"][-1]
-        lines.append(f"| {ROW_LABELS.get(name, name)} | {seed} | {r['tasks_done']}/"
+        lines.append(f"| {ROW_LABELS.get(name, name)} | {seed} | "
+                     f"{_settings_cell(result['runs'][run]['config'])} | {r['tasks_done']}/"
                      f"{r['num_tasks']} | " + " | ".join(accs)
                      + f" | {'—' if f is None else f'{f:.2f}'} | {_progress_cell(r)} |")
     md = args.out.with_suffix(".md")

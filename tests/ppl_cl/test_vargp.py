@@ -649,6 +649,12 @@ def test_a_run_stopped_mid_task_resumes_from_its_snapshot(tmp_path, monkeypatch)
         (5, 1), (5, 2), (5, 3)]
     assert all(float(v) <= float(b) and 1 <= int(be) <= int(e)
                for _, e, v, b, be in snaps)
+    # the task-by-task report tells two runs of one row and seed apart by their --set values
+    # and orders no rows for that seed (two runs of one row have no order of row names)
+    report = progress.main([str(tmp_path / "whole"), str(cut), "--out", str(tmp_path / "rep")])
+    md = (tmp_path / "rep.md").read_text()
+    assert md.count("| VAR-GP | 0 | `max_epochs=4` | 5/5 |") == 2
+    assert report["order_by_seed"] == {}
     assert not (cut / "checkpoints").exists()
     a, b = whole["variants"]["var_gp"], resumed["variants"]["var_gp"]
     np.testing.assert_array_equal(a["accuracy_matrix"], b["accuracy_matrix"])
