@@ -159,7 +159,8 @@ class FitResult(NamedTuple):
             ``restore_best=False`` and the last epoch was not validated).
         epochs, steps: epochs run and optimizer steps taken.
         stopped_early: True if the plateau rule stopped the run before ``max_epochs``.
-        wall_time_s: seconds spent in the loop; seconds_per_epoch: training time per epoch
+        wall_time_s: seconds spent in the loop (a resumed fit adds the stopped calls' time up
+            to the snapshot it resumed from); seconds_per_epoch: training time per epoch
             (validation excluded).
     """
 
@@ -312,7 +313,9 @@ class ContinualSVI:
             resume: a snapshot from ``checkpoint`` of the same fit (model, guide, config, data,
                 validation); the loop continues after its epoch and returns what the
                 uninterrupted fit returns (same parameters, losses and validation history;
-                ``wall_time_s`` counts this call only).
+                ``wall_time_s`` adds the snapshot's own wall time, so it counts the stopped
+                calls too, up to their last snapshot; snapshots written before the snapshot
+                carried ``wall_time_s`` count this call only).
             kwargs: passed to model and guide on every call.
         """
         data = tuple(data)
@@ -343,6 +346,7 @@ class ContinualSVI:
             best_value, best_epoch, best_snapshot = -math.inf, 0, None
             stopped_early = False
             train_time = 0.0
+            wall_before = 0.0  # wall time of the stopped calls, from the resumed snapshot
             start = 0
             if resume is not None:
                 state, order = self._restore(state, resume, order, devices)
@@ -356,6 +360,7 @@ class ContinualSVI:
                     best_snapshot = {n: torch.as_tensor(v).to(state.params[n])
                                      for n, v in resume["best_params"].items()}
                 train_time = float(resume["train_time_s"])
+                wall_before = float(resume.get("wall_time_s", 0.0))
             last_checkpoint = time.perf_counter()
             bar = tqdm(range(start + 1, c.max_epochs + 1), desc=desc, disable=not c.progress,
                        leave=False, dynamic_ncols=True, initial=start, total=c.max_epochs)
@@ -403,7 +408,8 @@ class ContinualSVI:
                         "best_epoch": best_epoch,
                         "best_value": best_value if best_epoch > 0 else None,
                         "best_params": best_snapshot,
-                        "train_time_s": train_time})
+                        "train_time_s": train_time,
+                        "wall_time_s": wall_before + time.perf_counter() - t0})
                     last_checkpoint = time.perf_counter()
             bar.close()
             if best_snapshot is not None:
@@ -415,7 +421,7 @@ class ContinualSVI:
                 best_value = dict(validation).get(epoch)
             store = pyro.get_param_store()
             params = {n: store[n].detach().clone() for n in state.params}
-        wall = time.perf_counter() - t0
+        wall = wall_before + time.perf_counter() - t0
         return FitResult(params, epoch_losses, validation, best_epoch,
                          best_value if validation else None, epoch, state.step, stopped_early,
                          wall, train_time / max(epoch, 1))

@@ -250,6 +250,14 @@ def test_a_fit_resumed_from_a_snapshot_ends_like_the_uninterrupted_fit(tmp_path)
         assert res.epoch_losses == full.epoch_losses and res.validation == full.validation
         assert (res.best_epoch, res.best_validation, res.epochs, res.steps) == \
             (full.best_epoch, full.best_validation, full.epochs, full.steps)
+        # the wall time counts the stopped call up to its snapshot, not this call alone
+        assert 0.0 < loaded["wall_time_s"] <= res.wall_time_s
+        assert res.wall_time_s - loaded["wall_time_s"] < full.wall_time_s + 60.0
+    # a snapshot written before snapshots carried their wall time still resumes
+    old = {k: v for k, v in snaps[4].items() if k != "wall_time_s"}
+    res_old = ContinualSVI(normal_model, normal_guide, cfg).fit(
+        (y,), validate=validate, resume=old)
+    assert all(torch.equal(res_old.params[k], full.params[k]) for k in full.params)
     # a snapshot of another fit is refused before the loop runs
     with pytest.raises(ValueError, match="runs 3 epochs"):
         ContinualSVI(normal_model, normal_guide, SVIConfig(**{**cfg.__dict__, "max_epochs": 3})
