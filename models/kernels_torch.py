@@ -19,6 +19,7 @@ Kernels combine with ``k1 + k2`` (:class:`Sum`), ``k1 * k2`` (:class:`Product`) 
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -63,6 +64,67 @@ def squared_distance(X1: Tensor, X2: Tensor) -> Tensor:
     return (n1 + n2 - 2.0 * X1 @ X2.transpose(-1, -2)).clamp_min(0.0)
 
 
+class _SymmetricGram(torch.autograd.Function):
+    """``G = Z Z^T`` with the backward ``(g + g^T) Z``: one batched product where autograd,
+    seeing ``Z`` twice, would make two."""
+
+    @staticmethod
+    def forward(ctx, Z: Tensor) -> Tensor:
+        ctx.save_for_backward(Z)
+        return Z @ Z.transpose(-1, -2)
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> Tensor:
+        (Z,) = ctx.saved_tensors
+        return (g + g.transpose(-1, -2)) @ Z
+
+
+def _gram_sq_dist(Z: Tensor) -> Tensor:
+    """``||z_i - z_j||^2`` of one set ``(..., n, d)``, from its Gram matrix ``G = Z Z^T``:
+    ``G_ii + G_jj - 2 G_ij``, exactly 0 on the diagonal, clamped at 0 elsewhere."""
+    G = _SymmetricGram.apply(Z) if torch.is_grad_enabled() and Z.requires_grad else \
+        Z @ Z.transpose(-1, -2)
+    g = G.diagonal(dim1=-2, dim2=-1)
+    return (g[..., :, None] + g[..., None, :] - 2.0 * G).clamp_min(0.0)
+
+
+def _weighted_sq_norm(X: Tensor, w: Tensor) -> Tensor:
+    """``sum_d w_d x_d^2`` as ``(..., n)`` for ``X (..., n, d)`` and weights ``w (..., d)``;
+    a 2-D ``X`` meets the weights' batch in one matrix product, never copied per batch."""
+    if X.dim() == 2:
+        return w @ (X * X).transpose(-1, -2)
+    return (X * X * w.unsqueeze(-2)).sum(-1)
+
+
+def _cat_rows(blocks: Sequence[Tensor]) -> Tensor:
+    """Row blocks ``(..., n_b, k)`` stacked along the rows, batch dimensions broadcast."""
+    if len(blocks) == 1:
+        return blocks[0]
+    lead = torch.broadcast_shapes(*(b.shape[:-2] for b in blocks))
+    return torch.cat([b.expand(*lead, *b.shape[-2:]) for b in blocks], dim=-2)
+
+
+def _weighted_sq_dist(X1: Tensor | Sequence[Tensor], X2: Tensor, w: Tensor) -> Tensor:
+    """``sum_d w_d (x1_id - x2_jd)^2`` as ``(..., n, m)`` (the ARD distance with
+    ``w = l^-2``) by ``|x1|_w^2 + |x2|_w^2 - 2 x1 diag(w) x2^T``, clamped at 0.
+
+    Only the smaller of the two sets is multiplied by ``w`` (one copy per batch of weights,
+    e.g. per theta draw); the larger one enters through matrix products, so that many
+    inducing inputs against a minibatch cost no per-draw copy of the inducing inputs.
+    ``X1`` may be a sequence of row blocks (the rows of the result, in order): each block
+    meets ``X2`` in a product of its own, so a block that needs no gradient costs none."""
+    blocks = [X1] if isinstance(X1, Tensor) else list(X1)
+    if len(blocks) == 1 and blocks[0].shape[-2] < X2.shape[-2]:
+        return _weighted_sq_dist(X2, blocks[0], w).transpose(-1, -2)
+    Xw2 = X2 * w.unsqueeze(-2)                                   # (..., m, d), the small set
+    n2 = (Xw2 * X2).sum(-1)[..., None, :]
+    parts = []
+    for B in blocks:
+        cross = (Xw2 @ B.transpose(-1, -2)).transpose(-1, -2)    # (..., n_b, m)
+        parts.append(_weighted_sq_norm(B, w)[..., :, None] - 2.0 * cross)
+    return (_cat_rows(parts) + n2).clamp_min(0.0)
+
+
 class Kernel:
     """Base class: ``k(X1, X2=None)`` gives the Gram matrix (``X2=None`` means ``X1``)."""
 
@@ -90,15 +152,31 @@ class _Stationary(Kernel):
         self.lengthscale = _as_tensor(lengthscale, self.variance)
 
     def _scaled_sq_dist(self, X1: Tensor, X2: Tensor | None) -> Tensor:
-        ls = _per_feature(self.lengthscale)
-        Z1 = X1 / ls
-        return squared_distance(Z1, Z1 if X2 is None else X2 / ls)
+        ls = self.lengthscale
+        if ls.dim() == 0 or ls.shape[-1] == 1:
+            # isotropic: the unscaled distances do not depend on l; scale the (n, m) result
+            scale = ls if ls.dim() == 0 else ls[..., 0]
+            r2 = _gram_sq_dist(X1) if X2 is None else squared_distance(X1, X2)
+            return r2 / _per_kernel(scale * scale)
+        if X2 is None:
+            return _gram_sq_dist(X1 * _per_feature(ls.reciprocal()))
+        return _weighted_sq_dist(X1, X2, ls.pow(-2))
 
     def _profile(self, r2: Tensor) -> Tensor:
         raise NotImplementedError
 
     def __call__(self, X1: Tensor, X2: Tensor | None = None) -> Tensor:
         return _per_kernel(self.variance) * self._profile(self._scaled_sq_dist(X1, X2))
+
+    def stacked(self, blocks: Sequence[Tensor], X2: Tensor) -> Tensor:
+        """``k(cat(blocks, -2), X2)``, each row block ``(..., n_b, d)`` against ``X2`` on its
+        own: with ARD lengthscales a block that needs no gradient (a frozen earlier task's
+        inducing inputs) then takes no part in the backward product for the inputs."""
+        ls = self.lengthscale
+        if ls.dim() == 0 or ls.shape[-1] == 1:
+            return self(_cat_rows(blocks), X2)
+        r2 = _weighted_sq_dist(blocks, X2, ls.pow(-2))
+        return _per_kernel(self.variance) * self._profile(r2)
 
     def diag(self, X: Tensor) -> Tensor:
         return _per_row(self.variance) * _ones_rows(X)

@@ -506,7 +506,8 @@ class VARGPModel:
         structure = "block_diagonal" if self.guide_structure == "block_diagonal" else \
             "autoregressive"
         v_bar, factors = whitened_posterior(L, sets, structure)
-        return f_marginals(theta, x, concat_inducing_inputs(sets), L, v_bar, factors)
+        # the task blocks, not Z_<=t: the frozen ones then cost no gradient (cross_covariance)
+        return f_marginals(theta, x, [s.inducing_inputs for s in sets], L, v_bar, factors)
 
     # -- reading the result ------------------------------------------------------------------
     def current_hyper(self) -> HyperPosterior | Tensor:

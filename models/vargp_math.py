@@ -76,6 +76,7 @@ can avoid variance introduced by the ancestral sampling").
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import NamedTuple, Sequence
 
@@ -291,22 +292,44 @@ def whitened_posterior(prior_factor: Tensor, sets: Sequence[InducingSet], struct
                      f"received {structure!r}")
 
 
-def cross_covariance(kernel: SquaredExponential, inducing_inputs: Tensor, inputs: Tensor
-                     ) -> Tensor:
+def cross_covariance(kernel: SquaredExponential, inducing_inputs: Tensor | Sequence[Tensor],
+                     inputs: Tensor) -> Tensor:
     """``K_{Z,x}`` of shape ``(S, 1, Kz, M, B)`` for ``Z (Kz, M, D)``, ``x (B, D)``.
+
+    ``Z`` may also be given as its task blocks ``Z_1, ..., Z_t`` (each ``(Kz_j, M_j, D)``, the
+    rows of ``Z_<=t`` in order): the result is the same, but a frozen block (an earlier task's
+    inducing inputs) then takes no part in the backward product for the inducing inputs, which
+    at task t would otherwise cost t times the current block's.
 
     When the hyperparameters are shared by the classes (``H = 1``) the ``Kz`` sets are stacked
     into one ``(Kz M, D)`` block first, so that the inputs are never copied once per class
     (a broadcast batched matmul would materialize ``x / l`` ``Kz`` times)."""
-    kern, Z, x = kernel, inducing_inputs, inputs
-    Kz, M, D = Z.shape
-    if kern.lengthscale.shape[-2] == 1 and Kz > 1:
-        K_flat = kern(Z.reshape(Kz * M, D), x)                          # (S, 1, 1, Kz M, B)
-        return K_flat.reshape(*K_flat.shape[:-3], Kz, M, x.shape[0])
-    return kern(Z, x)
+    kern, x = kernel, inputs
+    blocks = [inducing_inputs] if isinstance(inducing_inputs, Tensor) else list(inducing_inputs)
+    kz = max(Z.shape[0] for Z in blocks)
+    if kern.lengthscale.shape[-2] == 1 and kz > 1:
+        flat = [Z.expand(kz, *Z.shape[1:]).reshape(-1, Z.shape[-1]) for Z in blocks]
+        K_flat = kern.stacked(flat, x)                               # (S, 1, 1, Kz M, B)
+        parts = [K.reshape(*K.shape[:-3], kz, Z.shape[1], x.shape[0]) for K, Z in zip(
+            K_flat.split([kz * Z.shape[1] for Z in blocks], dim=-2), blocks)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+    return kern.stacked(blocks, x)
 
 
-def f_marginals(theta: Tensor, inputs: Tensor, inducing_inputs: Tensor, prior_factor: Tensor,
+def _row_blocks(W: Tensor, rows: Sequence[slice]) -> list[Tensor]:
+    """``W[..., r, :]`` for each slice ``r``; blocks that tile the rows in order come from one
+    ``split`` (whose backward writes one gradient, not a zero-filled copy of ``W`` per block)."""
+    sizes = [r.stop - r.start for r in rows]
+    tiles = all(r.step in (None, 1) for r in rows) and \
+        [r.start for r in rows] == [0, *itertools.accumulate(sizes)][:-1] and \
+        sum(sizes) == W.shape[-2]
+    if tiles:
+        return list(W.split(sizes, dim=-2))
+    return [W[..., r, :] for r in rows]
+
+
+def f_marginals(theta: Tensor, inputs: Tensor, inducing_inputs: Tensor | Sequence[Tensor],
+                prior_factor: Tensor,
                 whitened_mean: Tensor, whitened_factors: list[tuple[slice, Tensor]],
                 min_variance: float = 1e-10) -> tuple[Tensor, Tensor]:
     """Mean and variance of q(f(x) | theta) by eq. (iv) of the module docstring.
@@ -314,7 +337,8 @@ def f_marginals(theta: Tensor, inputs: Tensor, inducing_inputs: Tensor, prior_fa
     Args:
         theta: ``(S, 1, H, D + 1)``.
         inputs: ``x``, shape ``(B, D)``.
-        inducing_inputs: ``Z_<=t`` as ``(Kz, M, D)`` (the rows of ``L``).
+        inducing_inputs: ``Z_<=t`` as ``(Kz, M, D)`` (the rows of ``L``), or its task blocks
+            (see :func:`cross_covariance`).
         prior_factor: ``L = chol(K_ZZ + jitter)``, ``(S, 1, Kk, M, M)``.
         whitened_mean, whitened_factors: ``v_bar`` and the blocks ``R`` of the whitened
             q(v) from :func:`whitened_posterior` (an empty list: ``v`` is a point, e.g. a draw).
@@ -329,8 +353,8 @@ def f_marginals(theta: Tensor, inputs: Tensor, inducing_inputs: Tensor, prior_fa
     W = torch.linalg.solve_triangular(L, cross_covariance(kern, Z, x), upper=False)  # (S,1,Kk,M,B)
     f_loc = (W * v_bar.unsqueeze(-1)).sum(-2)                           # (S, 1, K, B)
     explained = torch.zeros_like(f_loc)
-    for rows, R in factors:
-        RtW = R.transpose(-1, -2) @ W[..., rows, :]
+    for W_rows, (_, R) in zip(_row_blocks(W, [rows for rows, _ in factors]), factors):
+        RtW = R.transpose(-1, -2) @ W_rows
         explained = explained + (RtW * RtW).sum(-2)
     k_xx = kern.variance.unsqueeze(-1)                                  # (S, 1, H, 1)
     f_var = k_xx - (W * W).sum(-2) + explained

@@ -128,3 +128,67 @@ def test_gradient_of_se_matches_finite_differences():
     np.testing.assert_allclose(ls_t.grad.numpy(), fd, rtol=1e-6)
     g = jax.grad(lambda ls: kj.SquaredExponential(VAR, ls)(jnp.asarray(X1), jnp.asarray(X2)).sum())(jnp.asarray(LS))
     np.testing.assert_allclose(np.asarray(g), fd, rtol=1e-6)
+
+
+def _se_reference(var, ls, A, B=None):
+    """``var * exp(-1/2 sum_d ((a_d - b_d) / l_d)^2)`` by explicit broadcast differences."""
+    B = A if B is None else B
+    diff = (A.unsqueeze(-2) - B.unsqueeze(-3)) / ls.unsqueeze(-2).unsqueeze(-2)
+    return var[..., None, None] * torch.exp(-0.5 * (diff * diff).sum(-1))
+
+
+@pytest.mark.parametrize("shapes", [((11, 3), (5, 3)), ((4, 3), (9, 3)), ((2, 6, 3), (5, 3))],
+                         ids=["more-rows-left", "more-rows-right", "batched-left"])
+def test_se_ard_values_and_gradients_against_broadcast_differences(shapes):
+    """The ARD kernel (weighted cross form, and the Gram form with its own backward) against
+    the difference form, values and gradients in float64, with theta-like batched
+    hyperparameters (S, 1, d); gradcheck and gradgradcheck on the fast forms."""
+    g = torch.Generator().manual_seed(1)
+    A = torch.randn(*shapes[0], generator=g, dtype=torch.float64, requires_grad=True)
+    B = torch.randn(*shapes[1], generator=g, dtype=torch.float64, requires_grad=True)
+    var = (torch.rand(2, 1, generator=g, dtype=torch.float64) + 0.5).requires_grad_(True)
+    ls = (torch.rand(2, 1, 3, generator=g, dtype=torch.float64) + 0.5).requires_grad_(True)
+    for args in ((A, B), (A,)):
+        fast = kt.SquaredExponential(var, ls)(*args)
+        ref = _se_reference(var, ls, *args)
+        assert fast.shape == ref.shape
+        W = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+        ins = (A, B, var, ls) if len(args) == 2 else (A, var, ls)
+        g_fast = torch.autograd.grad((fast * W).sum(), ins)
+        g_ref = torch.autograd.grad((ref * W).sum(), ins)
+        np.testing.assert_allclose(fast.detach().numpy(), ref.detach().numpy(), rtol=1e-12,
+                                   atol=1e-13)
+        for a, b in zip(g_fast, g_ref):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-10, atol=1e-12)
+        fn = lambda *z: kt.SquaredExponential(z[-2], z[-1])(*z[:-2])  # noqa: E731
+        assert torch.autograd.gradcheck(fn, ins)
+        assert torch.autograd.gradgradcheck(fn, ins)
+
+
+def test_se_gram_diagonal_is_exactly_the_variance():
+    X = torch.randn(50, 784) * 3.0
+    K = kt.SquaredExponential(torch.tensor(2.0), torch.rand(784) + 0.2)(X)
+    assert torch.equal(K.diagonal(), torch.full((50,), 2.0))
+
+
+@pytest.mark.parametrize("ls", [[[0.7, 1.3, 2.1]], [[0.9]]], ids=["ard", "isotropic"])
+def test_stacked_blocks_equal_the_concatenation_and_skip_frozen_gradients(ls):
+    """``k.stacked([B1, B2], X)`` is ``k(cat([B1, B2]), X)``, value and gradients, and a
+    block that needs no gradient gets none."""
+    g = torch.Generator().manual_seed(2)
+    B1 = torch.randn(6, 3, generator=g, dtype=torch.float64)           # frozen
+    B2 = torch.randn(4, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    X = torch.randn(5, 3, generator=g, dtype=torch.float64)
+    ls_t = T(ls).expand(2, len(ls[0])).clone().requires_grad_(True)
+    var = T([1.5, 0.5])
+    k = kt.SquaredExponential(var, ls_t)
+    K_blocks = k.stacked([B1, B2], X)
+    K_cat = k(torch.cat([B1, B2]), X)
+    np.testing.assert_allclose(K_blocks.detach().numpy(), K_cat.detach().numpy(), rtol=1e-12,
+                               atol=1e-14)
+    W = torch.randn(K_cat.shape, generator=g, dtype=torch.float64)
+    ga = torch.autograd.grad((K_blocks * W).sum(), (B2, ls_t))
+    gb = torch.autograd.grad((K_cat * W).sum(), (B2, ls_t))
+    for a, b in zip(ga, gb):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-10, atol=1e-12)
+    assert not B1.requires_grad and B1.grad is None

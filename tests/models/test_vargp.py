@@ -17,7 +17,8 @@ from models.vargp import (GaussianLikelihood, HyperPosterior, InducingSet, Softm
                           VARGPModel, carry_forward_global_set, f_marginals_of_state,
                           init_inducing_set, predictive_probabilities)
 from models.vargp_math import (autoregressive_joint, autoregressive_kl,
-                               block_diagonal_expected_kl, concat_inducing_inputs, gaussian_kl,
+                               block_diagonal_expected_kl, concat_inducing_inputs,
+                               cross_covariance, gaussian_kl,
                                kernel_from_theta, previous_posterior_term, prior_cholesky,
                                task_slices)
 
@@ -167,6 +168,34 @@ def test_whitened_marginal_of_f_equals_dense_eq22_computation():
                 var = th[0].exp() - (P * Kxz).sum(-1) + ((P @ Sigma_k) * P).sum(-1)
                 assert torch.allclose(f_loc[i, 0, k], mean, atol=1e-9)
                 assert torch.allclose(f_var[i, 0, k], var, atol=1e-9)
+
+
+@pytest.mark.parametrize("H", [1, 3], ids=["shared-theta", "per-class-theta"])
+def test_cross_covariance_by_task_blocks_equals_the_concatenation(H):
+    """``K_{Z,x}`` from the task blocks (what the model uses, so that frozen blocks take no
+    gradient) equals ``K_{Z_<=t, x}`` from the concatenated inputs and the dense kernel, and
+    has the same gradients with respect to the current block and theta."""
+    gen = torch.Generator().manual_seed(11)
+    K, D = 3, 4
+    past = [_random_set(K, 5, D, gen=gen), _random_set(K, 3, D, gen=gen, Kz=1)]
+    cur = _random_set(K, 4, D, gen=gen)
+    Z_cur = cur.inducing_inputs.clone().requires_grad_(True)
+    theta = _theta(H, D, S=2, gen=gen).requires_grad_(True)
+    x = torch.randn(6, D, generator=gen, dtype=DT)
+    sets = past + [cur._replace(inducing_inputs=Z_cur)]
+    by_blocks = cross_covariance(kernel_from_theta(theta), [s.inducing_inputs for s in sets], x)
+    Z = concat_inducing_inputs(sets)
+    whole = cross_covariance(kernel_from_theta(theta), Z, x)
+    assert by_blocks.shape == whole.shape == (2, 1, K, 12, 6)
+    for i in range(2):
+        for k in range(K):
+            dense = _kernel_dense(theta[i, 0, min(k, H - 1)], Z[k], x)
+            assert torch.allclose(by_blocks[i, 0, k], dense, rtol=1e-12, atol=1e-14)
+    W = torch.randn(whole.shape, generator=gen, dtype=DT)
+    g_blocks = torch.autograd.grad((by_blocks * W).sum(), (Z_cur, theta))
+    g_whole = torch.autograd.grad((whole * W).sum(), (Z_cur, theta))
+    for a, b in zip(g_blocks, g_whole):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
 def test_first_task_marginal_matches_pyro_sparse_gp_conditional():
