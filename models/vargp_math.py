@@ -303,7 +303,7 @@ def cross_covariance(kernel: SquaredExponential, inducing_inputs: Tensor | Seque
 
     When the hyperparameters are shared by the classes (``H = 1``) the ``Kz`` sets are stacked
     into one ``(Kz M, D)`` block first, so that the inputs are never copied once per class
-    (a broadcast batched matmul would materialize ``x / l`` ``Kz`` times)."""
+    (a broadcast batched matmul would materialize the scaled inputs ``x l^-2`` ``Kz`` times)."""
     kern, x = kernel, inputs
     blocks = [inducing_inputs] if isinstance(inducing_inputs, Tensor) else list(inducing_inputs)
     kz = max(Z.shape[0] for Z in blocks)
