@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["Kernel", "SquaredExponential", "Matern52", "Linear", "Cosine", "Constant",
-           "Normalized", "Sum", "Product", "Scale", "squared_distance"]
+           "Normalized", "Sum", "Product", "Scale", "squared_distance", "cat_rows"]
 
 _SQRT5 = math.sqrt(5.0)
 
@@ -96,12 +96,21 @@ def _weighted_sq_norm(X: Tensor, w: Tensor) -> Tensor:
     return (X * X * w.unsqueeze(-2)).sum(-1)
 
 
-def _cat_rows(blocks: Sequence[Tensor]) -> Tensor:
-    """Row blocks ``(..., n_b, k)`` stacked along the rows, batch dimensions broadcast."""
+def cat_rows(blocks: Sequence[Tensor]) -> Tensor:
+    """Row blocks ``(..., n_b, k)`` stacked along the rows, batch dimensions broadcast
+    (a single block is returned as it is, not copied)."""
     if len(blocks) == 1:
         return blocks[0]
     lead = torch.broadcast_shapes(*(b.shape[:-2] for b in blocks))
     return torch.cat([b.expand(*lead, *b.shape[-2:]) for b in blocks], dim=-2)
+
+
+def _isotropic_scale(ls: Tensor) -> Tensor | None:
+    """The one lengthscale ``(...)`` of an isotropic kernel (``ls`` scalar or ``(..., 1)``),
+    or ``None`` for ARD lengthscales ``(..., d > 1)``."""
+    if ls.dim() == 0:
+        return ls
+    return ls[..., 0] if ls.shape[-1] == 1 else None
 
 
 def _weighted_sq_dist(X1: Tensor | Sequence[Tensor], X2: Tensor, w: Tensor) -> Tensor:
@@ -122,7 +131,7 @@ def _weighted_sq_dist(X1: Tensor | Sequence[Tensor], X2: Tensor, w: Tensor) -> T
     for B in blocks:
         cross = (Xw2 @ B.transpose(-1, -2)).transpose(-1, -2)    # (..., n_b, m)
         parts.append(_weighted_sq_norm(B, w)[..., :, None] - 2.0 * cross)
-    return (_cat_rows(parts) + n2).clamp_min(0.0)
+    return (cat_rows(parts) + n2).clamp_min(0.0)
 
 
 class Kernel:
@@ -153,9 +162,9 @@ class _Stationary(Kernel):
 
     def _scaled_sq_dist(self, X1: Tensor, X2: Tensor | None) -> Tensor:
         ls = self.lengthscale
-        if ls.dim() == 0 or ls.shape[-1] == 1:
+        scale = _isotropic_scale(ls)
+        if scale is not None:
             # isotropic: the unscaled distances do not depend on l; scale the (n, m) result
-            scale = ls if ls.dim() == 0 else ls[..., 0]
             r2 = _gram_sq_dist(X1) if X2 is None else squared_distance(X1, X2)
             return r2 / _per_kernel(scale * scale)
         if X2 is None:
@@ -173,8 +182,8 @@ class _Stationary(Kernel):
         own: with ARD lengthscales a block that needs no gradient (a frozen earlier task's
         inducing inputs) then takes no part in the backward product for the inputs."""
         ls = self.lengthscale
-        if ls.dim() == 0 or ls.shape[-1] == 1:
-            return self(_cat_rows(blocks), X2)
+        if _isotropic_scale(ls) is not None:
+            return self(cat_rows(blocks), X2)
         r2 = _weighted_sq_dist(blocks, X2, ls.pow(-2))
         return _per_kernel(self.variance) * self._profile(r2)
 

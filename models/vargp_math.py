@@ -83,7 +83,7 @@ from typing import NamedTuple, Sequence
 import torch
 from torch import Tensor
 
-from models.kernels_torch import SquaredExponential
+from models.kernels_torch import SquaredExponential, cat_rows
 from models.linalg_torch import jitter_cholesky, symmetrize
 
 __all__ = ["InducingSet", "HyperPosterior", "kernel_from_theta", "cross_covariance",
@@ -155,9 +155,7 @@ def kernel_from_theta(theta: Tensor) -> SquaredExponential:
 
 def concat_inducing_inputs(sets: Sequence[InducingSet]) -> Tensor:
     """``Z_<=t`` as one ``(Kz, M, D)`` tensor (task blocks in order)."""
-    Zs = [s.inducing_inputs for s in sets]
-    kz = max(Z.shape[0] for Z in Zs)
-    return torch.cat([Z.expand(kz, *Z.shape[1:]) for Z in Zs], dim=-2)
+    return cat_rows([s.inducing_inputs for s in sets])
 
 
 def task_slices(sets: Sequence[InducingSet]) -> list[slice]:
