@@ -310,7 +310,7 @@ def cross_covariance(kernel: SquaredExponential, inducing_inputs: Tensor | Seque
         K_flat = kern.stacked(flat, x)                               # (S, 1, 1, Kz M, B)
         parts = [K.reshape(*K.shape[:-3], kz, Z.shape[1], x.shape[0]) for K, Z in zip(
             K_flat.split([kz * Z.shape[1] for Z in blocks], dim=-2), blocks)]
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+        return cat_rows(parts)
     return kern.stacked(blocks, x)
 
 
