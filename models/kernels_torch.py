@@ -29,6 +29,20 @@ __all__ = ["Kernel", "SquaredExponential", "Matern52", "Linear", "Cosine", "Cons
 
 _SQRT5 = math.sqrt(5.0)
 
+#: ``r^2`` beyond which the squared-exponential profile ``exp(-r^2 / 2)`` is set to exactly 0:
+#: ``-log(tiny)``, where ``exp(-r^2 / 2)`` falls below ``sqrt(tiny)`` (1.1e-19 in float32,
+#: 1.5e-154 in float64), many orders of magnitude below the rounding error of any sum with an
+#: O(variance) term, and far below the jitter added to every K_ZZ. Without the cut, a short
+#: lengthscale (VAR-GP's point-estimated hyperparameters on MNIST reached l = 0.01 on one edge
+#: pixel) fills the Gram matrices and the products built from them with subnormal floats, which
+#: x86 CPUs process many times slower than normal ones; ``torch.set_flush_denormal`` acts on the
+#: calling thread only (measured: half of a 2-thread product stayed subnormal), so a library
+#: cannot rely on it. Effect on VAR-GP's ELBO step: ``benchmarks/vargp_short_lengthscales.py``.
+#: float16 is left alone (its ``sqrt(tiny)`` is 8e-3, not negligible); the JAX twin
+#: (:mod:`models.kernels_jax`) has no cut.
+_NEGLIGIBLE_R2 = {dt: -math.log(torch.finfo(dt).tiny)
+                  for dt in (torch.float32, torch.float64, torch.bfloat16)}
+
 
 def _as_tensor(v, like: Tensor | None = None) -> Tensor:
     if isinstance(v, Tensor):
@@ -193,9 +207,16 @@ class _Stationary(Kernel):
 
 class SquaredExponential(_Stationary):
     """ARD exponentiated quadratic ``k(x, y) = s^2 exp(-1/2 sum_i (x_i - y_i)^2 / l_i^2)``
-    (VAR-GP paper, Sect. 2; GP-Tree uses it on L2-normalized features)."""
+    (VAR-GP paper, Sect. 2; GP-Tree uses it on L2-normalized features).
+
+    Entries with ``exp(-r^2 / 2) < sqrt(tiny)`` of the dtype (``r^2 > -log(tiny)``: 87.3 in
+    float32, 708 in float64) are exactly 0, value and gradient (see ``_NEGLIGIBLE_R2``), so that
+    short lengthscales produce no subnormal floats."""
 
     def _profile(self, r2: Tensor) -> Tensor:
+        cut = _NEGLIGIBLE_R2.get(r2.dtype)
+        if cut is not None:
+            r2 = r2.masked_fill(r2 > cut, math.inf)
         return torch.exp(-0.5 * r2)
 
 

@@ -192,3 +192,36 @@ def test_stacked_blocks_equal_the_concatenation_and_skip_frozen_gradients(ls):
     for a, b in zip(ga, gb):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-10, atol=1e-12)
     assert not B1.requires_grad and B1.grad is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_se_entries_below_sqrt_tiny_are_exactly_zero_and_no_subnormals_appear(dtype):
+    """Short lengthscales (VAR-GP's point-estimated hyperparameters on MNIST reach l = 0.01):
+    the squared-exponential entries with ``exp(-r^2/2) < sqrt(tiny)`` are exactly 0, so
+    neither the Gram matrix nor its gradients hold a subnormal float (slow on x86 CPUs);
+    every other entry is bit for bit the untruncated ``variance * exp(-r^2/2)`` of the same
+    distances, and the gradients agree with the untruncated ones."""
+    g = torch.Generator().manual_seed(3)
+    tiny = torch.finfo(dtype).tiny
+    A = (torch.rand(40, 3, generator=g, dtype=torch.float64) * 6.0).to(dtype).requires_grad_(True)
+    B = (torch.rand(30, 3, generator=g, dtype=torch.float64) * 6.0).to(dtype)
+    shrink = 1.0 if dtype == torch.float32 else 0.3     # the float64 cut is at r^2 = 708
+    ls = (shrink * torch.tensor([0.15, 0.3, 2.0], dtype=dtype)).requires_grad_(True)
+    var = torch.tensor(1.3, dtype=dtype)
+    K = kt.SquaredExponential(var, ls)(A, B)
+    r2 = kt._weighted_sq_dist(A, B, ls.pow(-2))
+    K_full = var * torch.exp(-0.5 * r2)                 # the same distances, no cut
+    cut = r2 > -np.log(tiny)
+    assert 0.2 < cut.double().mean() < 0.95             # both sides of the cut are exercised
+    assert torch.all(K[cut] == 0)
+    assert torch.equal(K[~cut], K_full[~cut])
+    assert torch.all(K_full[cut] < var * tiny ** 0.5)
+    assert ((K_full != 0) & (K_full.abs() < tiny)).any()  # what the cut removes
+    W = torch.randn(K.shape, generator=g, dtype=dtype)
+    grads = torch.autograd.grad((K * W).sum(), (A, ls))
+    grads_full = torch.autograd.grad((K_full * W).sum(), (A, ls))
+    for out in (K.detach(), *grads):
+        assert torch.isfinite(out).all()
+        assert not ((out != 0) & (out.abs() < tiny)).any(), "subnormal float in the output"
+    for a, b in zip(grads, grads_full):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12, atol=1e-15)
