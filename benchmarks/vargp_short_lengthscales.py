@@ -81,16 +81,15 @@ def first_loss(x, y, **kw) -> float:
         return float(engine.step(state, xb, yb, num_data=bench.N_TASK)[1].loss)
 
 
-def subnormal_fraction(x, theta, num_tasks: int) -> float:
-    from models.vargp import init_inducing_set
+def subnormal_fraction(x, y, theta, **kw) -> float:
+    """Share of subnormal entries of ``K(Z_<=t, x)`` without the cut, for the inducing inputs
+    of the very model that is timed (read from the engine's program)."""
     from models.vargp_math import kernel_from_theta
 
-    g = torch.Generator().manual_seed(0)
-    Z = [init_inducing_set(x, bench.K, bench.M_PER_TASK, per_class_inputs=True,
-                           generator=g).inducing_inputs for _ in range(num_tasks)]
-    Z = [moved_inputs(z) for z in Z[:-1]] + Z[-1:]
+    program = bench.vargp_engine(x, y, theta=theta, **kw).model.__self__
+    Z = torch.cat([s.inducing_inputs for s in [*program.past, program.init]], dim=-2)
     with no_cut(), torch.no_grad():
-        Kzx = kernel_from_theta(theta)(torch.cat(Z, dim=-2), x[:bench.B])
+        Kzx = kernel_from_theta(theta)(Z, x[:bench.B])
     tiny = torch.finfo(Kzx.dtype).tiny
     return float(((Kzx != 0) & (Kzx.abs() < tiny)).double().mean())
 
@@ -111,7 +110,8 @@ def main(argv=None) -> int:
     for t in args.tasks:
         kw = dict(point, num_tasks=t, theta=short, edit_past_inputs=moved_inputs)
         row = {"num_tasks": t,
-               "subnormal_fraction_Kzx_without_cut": subnormal_fraction(x, short, t),
+               "subnormal_fraction_Kzx_without_cut": subnormal_fraction(
+                   x, y, short, **dict(point, num_tasks=t, edit_past_inputs=moved_inputs)),
                "step_s_with_cut": bench.time_vargp(x, y, device, args.steps, **kw)}
         with no_cut():
             row["step_s_without_cut"] = bench.time_vargp(x, y, device, args.steps, **kw)
