@@ -1,5 +1,6 @@
 """Subnormal floats under short lengthscales: the cost of VAR-GP's ELBO step with and without
-the squared-exponential cut of ``models.kernels_torch`` (``_NEGLIGIBLE_R2``), in one run.
+the squared-exponential cut of ``models.kernels_torch``
+(``SquaredExponential._NEGLIGIBLE_R2``), in one run.
 
 Why: the paper-length "MLE Hypers" run of Split MNIST (seed 0) slowed from 1.1 s per epoch in
 task 3 to 6.4 s in task 4. Its point estimate had reached a log-lengthscale of -4.58
@@ -46,12 +47,12 @@ PIXEL, LOG_LENGTHSCALE, OFFSET_MAX = 309, math.log(0.0102), 0.25
 @contextlib.contextmanager
 def no_cut():
     """The squared-exponential profile without the cut (the code before it)."""
-    saved = dict(kernels_torch._NEGLIGIBLE_R2)
-    kernels_torch._NEGLIGIBLE_R2.clear()
+    saved = dict(kernels_torch.SquaredExponential._NEGLIGIBLE_R2)
+    kernels_torch.SquaredExponential._NEGLIGIBLE_R2.clear()
     try:
         yield
     finally:
-        kernels_torch._NEGLIGIBLE_R2.update(saved)
+        kernels_torch.SquaredExponential._NEGLIGIBLE_R2.update(saved)
 
 
 def short_theta(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

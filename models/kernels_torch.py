@@ -29,19 +29,33 @@ __all__ = ["Kernel", "SquaredExponential", "Matern52", "Linear", "Cosine", "Cons
 
 _SQRT5 = math.sqrt(5.0)
 
-#: ``r^2`` beyond which the squared-exponential profile ``exp(-r^2 / 2)`` is set to exactly 0:
-#: ``-log(tiny)``, where ``exp(-r^2 / 2)`` falls below ``sqrt(tiny)`` (1.1e-19 in float32,
-#: 1.5e-154 in float64), many orders of magnitude below the rounding error of any sum with an
-#: O(variance) term, and far below the jitter added to every K_ZZ. Without the cut, a short
-#: lengthscale (VAR-GP's point-estimated hyperparameters on MNIST reached l = 0.01 on one edge
-#: pixel) fills the Gram matrices and the products built from them with subnormal floats, which
-#: x86 CPUs process many times slower than normal ones; ``torch.set_flush_denormal`` acts on the
-#: calling thread only (measured: half of a 2-thread product stayed subnormal), so a library
-#: cannot rely on it. Effect on VAR-GP's ELBO step: ``benchmarks/vargp_short_lengthscales.py``.
-#: float16 is left alone (its ``sqrt(tiny)`` is 8e-3, not negligible); the JAX twin
-#: (:mod:`models.kernels_jax`) has no cut.
-_NEGLIGIBLE_R2 = {dt: -math.log(torch.finfo(dt).tiny)
-                  for dt in (torch.float32, torch.float64, torch.bfloat16)}
+def _negligible_r2(log_profile) -> dict:
+    """Per dtype, the ``r^2`` beyond which a decreasing stationary profile ``g(r^2)`` falls below
+    ``sqrt(tiny)`` of the dtype (``log_profile(r2) = log g(r2)``, solved by bisection in float64).
+
+    Entries past it are set to exactly 0 (value and gradient): ``sqrt(tiny)`` (1.1e-19 in
+    float32, 1.5e-154 in float64) is many orders of magnitude below the rounding error of any sum
+    with an O(variance) term and far below the jitter added to every K_ZZ. Without the cut, a
+    short lengthscale (VAR-GP's point-estimated hyperparameters on MNIST reached l = 0.01 on one
+    edge pixel) fills the Gram matrices and the products built from them with subnormal floats,
+    which x86 CPUs process many times slower than normal ones; ``torch.set_flush_denormal`` acts
+    on the calling thread only (measured: half of a 2-thread product stayed subnormal), so a
+    library cannot rely on it. Effect on VAR-GP's ELBO step:
+    ``benchmarks/vargp_short_lengthscales.py``. float16 is left alone (its ``sqrt(tiny)`` is
+    8e-3, not negligible). The JAX twin (:mod:`models.kernels_jax`) needs no cut: XLA on CPU
+    flushes subnormal results to zero (measured: ``jnp.exp(-90.0)`` in float32 is 0, NumPy's is
+    8.2e-40)."""
+    cuts = {}
+    for dt in (torch.float32, torch.float64, torch.bfloat16):
+        target = 0.5 * math.log(torch.finfo(dt).tiny)
+        lo, hi = 0.0, 1.0
+        while log_profile(hi) > target:
+            hi *= 2.0
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if log_profile(mid) > target else (lo, mid)
+        cuts[dt] = hi
+    return cuts
 
 
 def _as_tensor(v, like: Tensor | None = None) -> Tensor:
@@ -210,23 +224,38 @@ class SquaredExponential(_Stationary):
     (VAR-GP paper, Sect. 2; GP-Tree uses it on L2-normalized features).
 
     Entries with ``exp(-r^2 / 2) < sqrt(tiny)`` of the dtype (``r^2 > -log(tiny)``: 87.3 in
-    float32, 708 in float64) are exactly 0, value and gradient (see ``_NEGLIGIBLE_R2``), so that
+    float32, 708 in float64) are exactly 0, value and gradient (see ``_negligible_r2``), so that
     short lengthscales produce no subnormal floats."""
 
+    _NEGLIGIBLE_R2 = _negligible_r2(lambda r2: -0.5 * r2)
+
     def _profile(self, r2: Tensor) -> Tensor:
-        cut = _NEGLIGIBLE_R2.get(r2.dtype)
+        cut = self._NEGLIGIBLE_R2.get(r2.dtype)
         if cut is not None:
-            r2 = r2.masked_fill(r2 > cut, math.inf)
+            r2 = r2.masked_fill(r2 > cut, math.inf)     # exp(-inf) = 0, and its gradient is 0
         return torch.exp(-0.5 * r2)
 
 
 class Matern52(_Stationary):
     """Matern 5/2: ``s^2 (1 + sqrt5 r + 5/3 r^2) exp(-sqrt5 r)``, ``r`` the scaled distance
-    (VIPS magnetic-field kernel)."""
+    (VIPS magnetic-field kernel).
+
+    Entries whose profile is below ``sqrt(tiny)`` of the dtype (``r^2 > 509`` in float32,
+    ``r^2 > 2.66e4`` in float64) are exactly 0, value and gradient (see ``_negligible_r2``)."""
+
+    _NEGLIGIBLE_R2 = _negligible_r2(
+        lambda r2: math.log1p(_SQRT5 * math.sqrt(r2) + (5.0 / 3.0) * r2) - _SQRT5 * math.sqrt(r2))
 
     def _profile(self, r2: Tensor) -> Tensor:
+        cut = self._NEGLIGIBLE_R2.get(r2.dtype)
+        far = None if cut is None else r2 > cut
+        if far is not None:
+            # an infinite r2 would give inf * 0 = NaN here: compute the far entries at r2 = 0
+            # instead and zero them afterwards, so their value and gradient are exactly 0
+            r2 = r2.masked_fill(far, 0.0)
         r = r2.clamp_min(1e-36).sqrt()  # clamp keeps the gradient finite at r = 0
-        return (1.0 + _SQRT5 * r + (5.0 / 3.0) * r2) * torch.exp(-_SQRT5 * r)
+        out = (1.0 + _SQRT5 * r + (5.0 / 3.0) * r2) * torch.exp(-_SQRT5 * r)
+        return out if far is None else out.masked_fill(far, 0.0)
 
 
 class Linear(Kernel):

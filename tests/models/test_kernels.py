@@ -194,28 +194,45 @@ def test_stacked_blocks_equal_the_concatenation_and_skip_frozen_gradients(ls):
     assert not B1.requires_grad and B1.grad is None
 
 
+def _se_uncut(var, r2):
+    return var * torch.exp(-0.5 * r2)
+
+
+def _matern52_uncut(var, r2):
+    r = r2.clamp_min(1e-36).sqrt()
+    return var * ((1.0 + 5 ** 0.5 * r + (5.0 / 3.0) * r2) * torch.exp(-(5 ** 0.5) * r))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
-def test_se_entries_below_sqrt_tiny_are_exactly_zero_and_no_subnormals_appear(dtype):
+@pytest.mark.parametrize("kernel, uncut", [(kt.SquaredExponential, _se_uncut),
+                                           (kt.Matern52, _matern52_uncut)],
+                         ids=["se", "matern52"])
+def test_stationary_entries_below_sqrt_tiny_are_exactly_zero_and_no_subnormals_appear(
+        kernel, uncut, dtype):
     """Short lengthscales (VAR-GP's point-estimated hyperparameters on MNIST reach l = 0.01):
-    the squared-exponential entries with ``exp(-r^2/2) < sqrt(tiny)`` are exactly 0, so
-    neither the Gram matrix nor its gradients hold a subnormal float (slow on x86 CPUs);
-    every other entry is bit for bit the untruncated ``variance * exp(-r^2/2)`` of the same
-    distances, and the gradients agree with the untruncated ones."""
+    the entries whose profile is below ``sqrt(tiny)`` are exactly 0, so neither the Gram matrix
+    nor its gradients hold a subnormal float (slow on x86 CPUs); every other entry is bit for
+    bit the untruncated formula on the same distances, and the gradients agree with the
+    untruncated ones."""
     g = torch.Generator().manual_seed(3)
     tiny = torch.finfo(dtype).tiny
+    threshold = kernel._NEGLIGIBLE_R2[dtype]
+    if kernel is kt.SquaredExponential:
+        assert threshold == pytest.approx(-np.log(tiny), rel=1e-14)   # exp(-r2/2) = sqrt(tiny)
     A = (torch.rand(40, 3, generator=g, dtype=torch.float64) * 6.0).to(dtype).requires_grad_(True)
     B = (torch.rand(30, 3, generator=g, dtype=torch.float64) * 6.0).to(dtype)
-    shrink = 1.0 if dtype == torch.float32 else 0.3     # the float64 cut is at r^2 = 708
+    shrink = float(np.sqrt(87.3 / threshold))          # puts the cut inside the distances' range
     ls = (shrink * torch.tensor([0.15, 0.3, 2.0], dtype=dtype)).requires_grad_(True)
     var = torch.tensor(1.3, dtype=dtype)
-    K = kt.SquaredExponential(var, ls)(A, B)
+    K = kernel(var, ls)(A, B)
     r2 = kt._weighted_sq_dist(A, B, ls.pow(-2))
-    K_full = var * torch.exp(-0.5 * r2)                 # the same distances, no cut
-    cut = r2 > -np.log(tiny)
+    K_full = uncut(var, r2)                            # the same distances, no cut
+    cut = r2 > threshold
     assert 0.2 < cut.double().mean() < 0.95             # both sides of the cut are exercised
     assert torch.all(K[cut] == 0)
     assert torch.equal(K[~cut], K_full[~cut])
     assert torch.all(K_full[cut] < var * tiny ** 0.5)
+    assert torch.all(K_full[~cut] >= var * tiny ** 0.5 * (1 - 1e-6))
     assert ((K_full != 0) & (K_full.abs() < tiny)).any()  # what the cut removes
     W = torch.randn(K.shape, generator=g, dtype=dtype)
     grads = torch.autograd.grad((K * W).sum(), (A, ls))
