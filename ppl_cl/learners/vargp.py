@@ -275,14 +275,7 @@ class VARGP(Learner):
                     init = init._replace(scale_tril=prior_conditional_scale_tril(
                         _theta_mean(hyper_init), [] if c["guide"] == "global" else past,
                         init.inducing_inputs, K, self.jitter))
-            program = VARGPModel(
-                num_classes=K, past=past, init=init,
-                hyper_prior=self.hyper if isinstance(self.hyper, HyperPosterior) else None,
-                hyper_init=hyper_init, guide=c["guide"],
-                hyperparameters=c["hyperparameters"],
-                likelihood=SoftmaxLikelihood(c["num_f_samples"]), beta=c["beta"],
-                num_theta_samples=c["num_theta_samples"], jitter=self.jitter,
-                learn_inducing_inputs=c["learn_inducing_inputs"])
+            program = self.program(past, init, hyper_init)
             validate = None
             if validation is not None:
                 xv, yv = validation.torch(self.device, self.dtype)
@@ -319,6 +312,20 @@ class VARGP(Learner):
         record.update(_theta_summary(new_hyper))
         self.history.append(record)
         return record
+
+    def program(self, past: list[InducingSet], init: InducingSet,
+                hyper_init: HyperPosterior | torch.Tensor) -> VARGPModel:
+        """The Pyro program (``model``/``guide``) of a task under this learner's config: frozen
+        earlier sets ``past``, the task's starting set ``init`` and hyperparameters
+        ``hyper_init``, the prior over theta being the current ``q_{t-1}(theta)`` (Sect. 3)."""
+        c = self.config
+        return VARGPModel(
+            num_classes=self.num_classes, past=past, init=init,
+            hyper_prior=self.hyper if isinstance(self.hyper, HyperPosterior) else None,
+            hyper_init=hyper_init, guide=c["guide"], hyperparameters=c["hyperparameters"],
+            likelihood=SoftmaxLikelihood(c["num_f_samples"]), beta=c["beta"],
+            num_theta_samples=c["num_theta_samples"], jitter=self.jitter,
+            learn_inducing_inputs=c["learn_inducing_inputs"])
 
     def _from_params(self, params: dict[str, torch.Tensor], init: InducingSet,
                      hyper_init: HyperPosterior | torch.Tensor
