@@ -75,6 +75,26 @@ def _data(device: torch.device, dtype: torch.dtype, n: int) -> tuple[torch.Tenso
     return x, y, source
 
 
+def machine_info() -> dict:
+    """What a benchmark JSON records about the machine it ran on."""
+    return {"platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+            "cpu_count": os.cpu_count(), "load_average": list(os.getloadavg()),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def write_json(path, obj) -> None:
+    """Write a benchmark's JSON atomically (parent folders created) and say where."""
+    sys.path.insert(0, str(REPO))
+    from ppl_cl.persist import atomic_write_text
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(obj, indent=2))
+    print(f"wrote {path}")
+
+
 def _time_steps(step, device, steps: int, warmup: int = 2) -> float:
     for _ in range(warmup):
         step()
@@ -247,21 +267,10 @@ def main(argv=None) -> int:
         "matched": {"num_theta_samples": 1, "num_f_samples": 1,
                     "per_class_inducing_inputs": False}, "dtype": "float32", "steps": steps,
         "validate_args": VALIDATE_ARGS, "overhead_proxy": bool(args.overhead)},
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-                    "cpu_count": os.cpu_count(), "load_average": list(os.getloadavg()),
-                    "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
-        "runs": {}}
+        "machine": machine_info(), "runs": {}}
     for dev in devices:
         results["runs"][dev] = run(dev, steps, tasks, epoch_tasks)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(REPO))
-    from ppl_cl.persist import atomic_write_text
-
-    atomic_write_text(out, json.dumps(results, indent=2))
-    print(f"wrote {out}")
+    write_json(args.out, results)
     return 0
 
 

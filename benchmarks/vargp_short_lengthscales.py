@@ -28,8 +28,6 @@ import argparse
 import contextlib
 import json
 import math
-import os
-import platform
 import sys
 from pathlib import Path
 
@@ -130,16 +128,9 @@ def main(argv=None) -> int:
                         "past_offset_max": OFFSET_MAX, "batch_size": bench.B,
                         "inducing_per_task": bench.M_PER_TASK, "num_f_samples": 10,
                         "hyperparameters": "point", "dtype": "float32", "steps": args.steps},
-           "machine": {"platform": platform.platform(), "torch": torch.__version__,
-                       "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-                       "load_average": list(os.getloadavg())},
+           "machine": bench.machine_info(),
            "per_task": rows}
-    from ppl_cl.persist import atomic_write_text
-
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(out, indent=2))
-    print(f"wrote {path}")
+    bench.write_json(args.out, out)
     return 0
 
 

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +39,8 @@ if __name__ == "__main__" and "--flush" in sys.argv:
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import vargp as bench  # noqa: E402  (benchmarks/vargp.py: the timing and output helpers)
+
 
 def census_step(run_dir: str, data_dir: str | None, steps: int, warmup: int, top: int) -> dict:
     import collections
@@ -49,7 +49,6 @@ def census_step(run_dir: str, data_dir: str | None, steps: int, warmup: int, top
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
-    import vargp as bench
     from inference.svi import ContinualSVI
     from ppl_cl.experiments.vargp import load_stream_run, split_mnist_stream
 
@@ -158,16 +157,9 @@ def main(argv=None) -> int:
            "settings": {"steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
                         "step_time": "min over repeats of the median over steps",
                         "dtype": "float32"},
-           "machine": {"platform": platform.platform(), "torch": torch.__version__,
-                       "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-                       "load_average": list(os.getloadavg())},
+           "machine": bench.machine_info(),
            "per_run": per_run}
-    from ppl_cl.persist import atomic_write_text
-
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(out, indent=2))
-    print(f"wrote {path}")
+    bench.write_json(args.out, out)
     return 0
 
 
