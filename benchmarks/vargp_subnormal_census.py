@@ -11,7 +11,9 @@ subnormal range. This script counts them op by op and measures what they cost.
 
 What runs, for each run folder: the last task's Pyro program, built by the run's own learner
 (:meth:`ppl_cl.learners.vargp.VARGP.program`) from its final state (frozen earlier sets, the
-last task's restored set as the starting point, the final hyperparameters), trained for
+last task's restored set as the starting point, the final hyperparameters; with a variational
+q(theta) the final q_t(theta) also stands in for the prior q_{t-1}(theta), which the run folder
+does not keep: the step has the run's shapes and values, not its exact objective), trained for
 ``--warmup`` steps then timed for ``--steps`` steps (median; minibatches of the task's training
 data, batch size of the run), then one more step under a ``TorchDispatchMode`` that counts the
 subnormal float32 elements of every aten op's outputs. Each run folder is measured in two fresh
