@@ -84,6 +84,11 @@ def machine_info() -> dict:
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
+def subnormal(t: torch.Tensor) -> torch.Tensor:
+    """Mask of the subnormal entries of a floating tensor (nonzero, below its dtype's ``tiny``)."""
+    return (t != 0) & (t.abs() < torch.finfo(t.dtype).tiny)
+
+
 def write_json(path, obj) -> None:
     """Write a benchmark's JSON atomically (parent folders created) and say where."""
     sys.path.insert(0, str(REPO))

@@ -70,7 +70,6 @@ def census_step(run_dir: str, data_dir: str | None, steps: int, warmup: int, top
     engine = ContinualSVI(program.model, program.guide, learner._svi_config(t))
     B, N = c["batch_size"], x.shape[0]
     g = torch.Generator().manual_seed(0)
-    tiny = torch.finfo(torch.float32).tiny
 
     class Census(TorchDispatchMode):
         def __init__(self):
@@ -81,7 +80,7 @@ def census_step(run_dir: str, data_dir: str | None, steps: int, warmup: int, top
             out = func(*args, **(kwargs or {}))
             for o in tree_flatten(out)[0]:
                 if isinstance(o, torch.Tensor) and o.dtype == torch.float32 and o.numel():
-                    self.sub[str(func)] += int(((o != 0) & (o.abs() < tiny)).sum())
+                    self.sub[str(func)] += int(bench.subnormal(o).sum())
                     self.total[str(func)] += o.numel()
             return out
 
@@ -97,9 +96,9 @@ def census_step(run_dir: str, data_dir: str | None, steps: int, warmup: int, top
         with census:
             step()
     sub, total = sum(census.sub.values()), sum(census.total.values())
-    theta = learner.hyper if torch.is_tensor(learner.hyper) else learner.hyper.loc
     return {"run": str(run_dir), "row": row, "task": t, "num_data": N, "batch_size": B,
-            "min_log_lengthscale": float(theta[..., 1:].min()),
+            # where theta ended, as the learner recorded it after the task
+            "min_log_lengthscale": learner.history[-1]["theta_log_lengthscale_min"],
             "step_s_median": step_s, "steps": steps,
             "subnormal_elements": sub, "float32_elements": total,
             "subnormal_fraction": sub / total if total else 0.0,
