@@ -104,7 +104,12 @@ def main(argv=None) -> dict:
     ap.add_argument("runs", nargs="+", type=Path, help="run folders of ppl-cl run")
     ap.add_argument("--out", type=Path, required=True,
                     help="report path: writes PATH.json and PATH.md (a suffix given is replaced)")
+    ap.add_argument("--notes", type=Path, default=None, metavar="FILE",
+                    help="text file (markdown) added under '## Notes' and as the JSON's notes")
     args = ap.parse_args(argv)
+    notes = None if args.notes is None else args.notes.read_text().strip()
+    if notes == "":
+        ap.error(f"--notes {args.notes}: empty file")
 
     result = {"benchmark": "vargp_stream_progress", "runs": {}}
     table = {}
@@ -128,6 +133,8 @@ def main(argv=None) -> dict:
             f"after_task_{k}": sorted(rows, key=lambda n: -rows[n]["average_accuracy"][k - 1])
             for k in range(1, common + 1)}
     result["order_by_seed"] = orders
+    if notes is not None:
+        result["notes"] = notes
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
@@ -149,7 +156,8 @@ def main(argv=None) -> dict:
     md.write_text("# VAR-GP streams, task by task (from run checkpoints or metrics.json)\n\n"
                   "A_k: average test accuracy (%) over tasks 1..k after training task k. "
                   "Forgetting (points): mean drop of tasks 1..k-1 from their best accuracy.\n\n"
-                  + "\n".join(lines) + "\n")
+                  + "\n".join(lines) + "\n"
+                  + ("" if notes is None else f"\n## Notes\n\n{notes}\n"))
     print(md.read_text())
     return result
 

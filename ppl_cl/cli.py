@@ -17,6 +17,7 @@ import json
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from ppl_cl.errors import ConfigError, DeviceError, Terminated
 
@@ -78,7 +79,8 @@ def _cmd_report(args) -> int:
     from ppl_cl.experiments.reproduce import collect
 
     try:
-        collect(args.run_dirs, args.out)
+        notes = None if args.notes is None else Path(args.notes).read_text()
+        collect(args.run_dirs, args.out, notes=notes)
     except (FileNotFoundError, ValueError) as err:
         print(f"ppl-cl: {err}", file=sys.stderr)
         return 2
@@ -149,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="folders written by `ppl-cl run`, or an earlier report's "
                          "reproduce.json (its seeds join their groups)")
     rr.add_argument("--out", default="runs/report")
+    rr.add_argument("--notes", metavar="FILE", default=None,
+                    help="text file (markdown) added under '## Notes' and as the JSON's notes")
 
     d = sub.add_parser("data", parents=[common], help="datasets: where they are, checksums")
     dsub = d.add_subparsers(dest="data_cmd", required=True)

@@ -176,9 +176,13 @@ def _groups_from_report(path: Path) -> list[tuple[tuple, dict]]:
     return out
 
 
-def collect(run_dirs: Sequence[str | Path], out: str | Path) -> dict:
+def collect(run_dirs: Sequence[str | Path], out: str | Path, notes: str | None = None) -> dict:
     """Aggregate existing run folders (each with ``metrics.json`` and ``config.json``, as
     ``ppl-cl run`` writes them) into ``out/report.md`` and ``out/reproduce.json``.
+
+    ``notes`` (how the runs were made, what to read them with) goes under a "## Notes" heading
+    at the end of ``report.md`` and into ``reproduce.json`` as a ``"notes"`` string, which
+    pooling that JSON later skips.
 
     Runs are grouped by (experiment, quick, overrides); each group reports mean ± std over its
     seeds beside the paper numbers. An entry of ``run_dirs`` may also be a ``reproduce.json``
@@ -226,6 +230,10 @@ def collect(run_dirs: Sequence[str | Path], out: str | Path) -> dict:
         results[label] = {"experiment": name, "quick": quick, "overrides": ov, "seeds": seeds,
                           "runs": [r["dir"] for r in runs], "summary": summary,
                           "per_seed": [r["summary"] for r in runs]}
-    atomic_write_text(out / "report.md", "\n".join(lines + [""] + table) + "\n")
-    atomic_write_text(out / "reproduce.json", json.dumps(results, indent=2, default=str))
+    if notes is not None and not notes.strip():
+        raise ValueError("notes: empty text")
+    tail = [] if notes is None else ["", "## Notes", "", notes.strip()]
+    atomic_write_text(out / "report.md", "\n".join(lines + [""] + table + tail) + "\n")
+    saved = results if notes is None else {**results, "notes": notes.strip()}
+    atomic_write_text(out / "reproduce.json", json.dumps(saved, indent=2, default=str))
     return results

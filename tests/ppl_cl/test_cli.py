@@ -250,6 +250,15 @@ def test_report_collects_finished_runs(tmp_data_root, tmp_path, capsys):
     assert "seeds 0, 1" in report and "`n_batches=4`" in report and "(n = 2)" in report
     # the paper column comes from the registration
     assert "| exact-gp-synthetic [1] | rmse_batch1 |" in report and "Pescador-Barrios" in report
+    # notes from a file end the markdown and ride in the JSON beside the groups
+    (tmp_path / "notes.md").write_text("Two seeds, CPU.\n")
+    assert main(["report", *dirs, "--out", str(out), "--notes", str(tmp_path / "notes.md")]) == 0
+    assert (out / "report.md").read_text().endswith("\n## Notes\n\nTwo seeds, CPU.\n")
+    noted = json.loads((out / "reproduce.json").read_text())
+    assert noted.pop("notes") == "Two seeds, CPU." and noted == results
+    (tmp_path / "blank.md").write_text("\n")
+    assert main(["report", *dirs, "--out", str(out), "--notes", str(tmp_path / "blank.md")]) == 2
+    assert "notes: empty text" in capsys.readouterr().err
     # an unfinished run and a seed given twice are clear errors
     (tmp_path / "empty").mkdir()
     assert main(["report", str(tmp_path / "empty"), "--out", str(out)]) == 2

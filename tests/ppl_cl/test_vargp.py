@@ -651,10 +651,16 @@ def test_a_run_stopped_mid_task_resumes_from_its_snapshot(tmp_path, monkeypatch)
                for _, e, v, b, be in snaps)
     # the task-by-task report tells two runs of one row and seed apart by their --set values
     # and orders no rows for that seed (two runs of one row have no order of row names)
-    report = progress.main([str(tmp_path / "whole"), str(cut), "--out", str(tmp_path / "rep")])
+    (tmp_path / "notes.md").write_text("Two runs of one row, one of them resumed.\n")
+    report = progress.main([str(tmp_path / "whole"), str(cut), "--out", str(tmp_path / "rep"),
+                            "--notes", str(tmp_path / "notes.md")])
     md = (tmp_path / "rep.md").read_text()
     assert md.count("| VAR-GP | 0 | `max_epochs=4` | 5/5 |") == 2
     assert report["order_by_seed"] == {}
+    # the notes end the markdown and are the JSON's notes string
+    assert md.endswith("\n## Notes\n\nTwo runs of one row, one of them resumed.\n")
+    assert json.loads((tmp_path / "rep.json").read_text())["notes"] == (
+        "Two runs of one row, one of them resumed.")
     assert not (cut / "checkpoints").exists()
     a, b = whole["variants"]["var_gp"], resumed["variants"]["var_gp"]
     np.testing.assert_array_equal(a["accuracy_matrix"], b["accuracy_matrix"])
