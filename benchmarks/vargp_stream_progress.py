@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ppl_cl.experiments.reproduce import checked_notes, notes_section
 from ppl_cl.experiments.vargp import (ROW_LABELS, current_partial, load_stream_run,
                                       stream_checkpoints)
 from ppl_cl.metrics import average_accuracy, forgetting
@@ -107,9 +108,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--notes", type=Path, default=None, metavar="FILE",
                     help="text file (markdown) added under '## Notes' and as the JSON's notes")
     args = ap.parse_args(argv)
-    notes = None if args.notes is None else args.notes.read_text().strip()
-    if notes == "":
-        ap.error(f"--notes {args.notes}: empty file")
+    try:
+        notes = checked_notes(None if args.notes is None else args.notes.read_text())
+    except ValueError as err:
+        ap.error(f"--notes {args.notes}: {err}")
 
     result = {"benchmark": "vargp_stream_progress", "runs": {}}
     table = {}
@@ -156,8 +158,7 @@ def main(argv=None) -> dict:
     md.write_text("# VAR-GP streams, task by task (from run checkpoints or metrics.json)\n\n"
                   "A_k: average test accuracy (%) over tasks 1..k after training task k. "
                   "Forgetting (points): mean drop of tasks 1..k-1 from their best accuracy.\n\n"
-                  + "\n".join(lines) + "\n"
-                  + ("" if notes is None else f"\n## Notes\n\n{notes}\n"))
+                  + "\n".join(lines) + "\n" + notes_section(notes))
     print(md.read_text())
     return result
 

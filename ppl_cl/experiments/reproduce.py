@@ -176,6 +176,22 @@ def _groups_from_report(path: Path) -> list[tuple[tuple, dict]]:
     return out
 
 
+def checked_notes(notes: str | None) -> str | None:
+    """A report's notes as they are stored: stripped, ``None`` for none; an empty text is a
+    ``ValueError`` (a notes file left blank by mistake)."""
+    if notes is None:
+        return None
+    if not notes.strip():
+        raise ValueError("notes: empty text")
+    return notes.strip()
+
+
+def notes_section(notes: str | None) -> str:
+    """The Markdown that ends a report (after its last line): nothing without notes, else a
+    "## Notes" section. Used by :func:`collect` and ``benchmarks/vargp_stream_progress.py``."""
+    return "" if notes is None else f"\n## Notes\n\n{notes}\n"
+
+
 def collect(run_dirs: Sequence[str | Path], out: str | Path, notes: str | None = None) -> dict:
     """Aggregate existing run folders (each with ``metrics.json`` and ``config.json``, as
     ``ppl-cl run`` writes them) into ``out/report.md`` and ``out/reproduce.json``.
@@ -192,6 +208,7 @@ def collect(run_dirs: Sequence[str | Path], out: str | Path, notes: str | None =
     unfinished run) and ``ValueError`` for a seed given twice in a group or a JSON that is not
     such a report.
     """
+    notes = checked_notes(notes)
     reg = registry()
     groups: dict[tuple, list[dict]] = {}
     for d in map(Path, run_dirs):
@@ -230,10 +247,8 @@ def collect(run_dirs: Sequence[str | Path], out: str | Path, notes: str | None =
         results[label] = {"experiment": name, "quick": quick, "overrides": ov, "seeds": seeds,
                           "runs": [r["dir"] for r in runs], "summary": summary,
                           "per_seed": [r["summary"] for r in runs]}
-    if notes is not None and not notes.strip():
-        raise ValueError("notes: empty text")
-    tail = [] if notes is None else ["", "## Notes", "", notes.strip()]
-    atomic_write_text(out / "report.md", "\n".join(lines + [""] + table + tail) + "\n")
-    saved = results if notes is None else {**results, "notes": notes.strip()}
+    atomic_write_text(out / "report.md",
+                      "\n".join(lines + [""] + table) + "\n" + notes_section(notes))
+    saved = results if notes is None else {**results, "notes": notes}
     atomic_write_text(out / "reproduce.json", json.dumps(saved, indent=2, default=str))
     return results
