@@ -73,8 +73,10 @@ def rows_of_run(run_dir: Path) -> dict[str, dict]:
         out[name] = {
             "tasks_done": done,
             "num_tasks": int(R.shape[0]),
-            "average_accuracy": [round(100 * a, 4) for a in average_accuracy(Rk)],
-            "forgetting": [None if f is None else round(100 * f, 4)
+            # unrounded, so that the table's two decimals are rounded once (43.40499 is
+            # 43.40, not 43.405 and then 43.41)
+            "average_accuracy": [100 * float(a) for a in average_accuracy(Rk)],
+            "forgetting": [None if f is None else 100 * f
                            for f in (_forgetting_so_far(Rk, k) for k in range(done))],
             "accuracy_matrix": [[round(100 * v, 2) for v in row[:i + 1]]
                                 for i, row in enumerate(Rk)],

@@ -663,6 +663,12 @@ def test_a_run_stopped_mid_task_resumes_from_its_snapshot(tmp_path, monkeypatch)
         "Two runs of one row, one of them resumed.")
     assert not (cut / "checkpoints").exists()
     a, b = whole["variants"]["var_gp"], resumed["variants"]["var_gp"]
+    # the JSON keeps the averages and forgetting unrounded (the table rounds them once)
+    rep_rows = [r["rows"]["var_gp"] for r in report["runs"].values()]
+    for row in rep_rows:
+        assert row["average_accuracy"][-1] == pytest.approx(a["final_avg_accuracy"], rel=1e-12)
+        assert row["forgetting"][-1] == pytest.approx(a["forgetting"], rel=1e-12)
+    assert md.count(f"| {a['final_avg_accuracy']:.2f} | {a['forgetting']:.2f} | — |") == 2
     np.testing.assert_array_equal(a["accuracy_matrix"], b["accuracy_matrix"])
     np.testing.assert_array_equal(a["entropy_matrix"], b["entropy_matrix"])
     assert _untimed(a["records"]) == _untimed(b["records"])
