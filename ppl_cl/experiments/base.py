@@ -57,7 +57,8 @@ def _check_device(device: str) -> str:
 
 @dataclass(frozen=True)
 class PaperNumber:
-    """A number reported in a paper, for the ``reproduce`` table."""
+    """A number reported in a paper, for the ``reproduce`` table, printed with the digits it
+    was given (90.57 ± 1.06, not 90.57 ± 1.1)."""
 
     value: float
     source: str
@@ -65,7 +66,7 @@ class PaperNumber:
     note: str = ""
 
     def format(self) -> str:
-        return f"{self.value:.4g}" + (f" ± {self.std:.2g}" if self.std is not None else "")
+        return f"{self.value:g}" + (f" ± {self.std:g}" if self.std is not None else "")
 
 
 @dataclass

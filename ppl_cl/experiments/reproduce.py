@@ -29,13 +29,21 @@ from ppl_cl.persist import atomic_write_text
 __all__ = ["reproduce", "aggregate_summaries", "collect"]
 
 
+def _digits(x: float, n: int) -> str:
+    """``n`` significant digits, trailing zeros kept (85.10, not 85.1; 6.0, not 6); whole
+    numbers without a decimal point (5, 1517, 0)."""
+    if float(x).is_integer() and abs(x) < 10 ** n:
+        return str(int(x))
+    return f"{x:#.{n}g}".rstrip(".")
+
+
 def _fmt(v) -> str:
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return _digits(v, 4)
     if isinstance(v, dict) and "mean" in v:
         if v["n"] < 2:
             return _fmt(v["mean"])
-        return f"{v['mean']:.4g} ± {v['std']:.2g} (n = {v['n']})"
+        return f"{_digits(v['mean'], 4)} ± {_digits(v['std'], 2)} (n = {v['n']})"
     return str(v)
 
 

@@ -210,6 +210,28 @@ def test_aggregate_summaries_mean_and_sample_std():
     assert agg["note"] == "x"
 
 
+def test_report_cells_keep_their_significant_digits():
+    from ppl_cl.experiments.reproduce import _fmt
+
+    assert _fmt({"mean": 69.782, "std": 6.0293, "n": 3}) == "69.78 ± 6.0 (n = 3)"
+    assert _fmt({"mean": 44.66, "std": 7.063, "n": 3}) == "44.66 ± 7.1 (n = 3)"
+    assert _fmt({"mean": 5.0, "std": 0.0, "n": 2}) == "5 ± 0 (n = 2)"
+    assert _fmt({"mean": 1517.0, "std": 96.17, "n": 2}) == "1517 ± 96 (n = 2)"
+    assert _fmt({"mean": 1489.0, "std": 3.01, "n": 3}) == "1489 ± 3.0 (n = 3)"
+    assert _fmt({"mean": 85.1, "std": 0.32, "n": 2}) == "85.10 ± 0.32 (n = 2)"
+    assert _fmt(0.00123456) == "0.001235" and _fmt(3.0) == "3"
+    assert _fmt({"mean": 2792.0, "std": 431.0, "n": 3}) == "2792 ± 4.3e+02 (n = 3)"
+    assert _fmt({"mean": 76.34, "std": 0.0, "n": 1}) == "76.34"
+
+
+def test_paper_numbers_print_as_the_paper_gives_them():
+    from ppl_cl.experiments.base import registry
+
+    paper = registry()["vargp-split-mnist"].paper
+    assert paper["final_avg_accuracy"].format() == "90.57 ± 1.06"
+    assert paper["final_avg_accuracy_block_diag"].format() == "78.64 ± 1.41"
+
+
 def test_reproduce_several_seeds_reports_mean_and_std(tmp_data_root, tmp_path):
     out = tmp_path / "rep"
     code = main(["reproduce", "--quick", "--out", str(out), "--only", "exact-gp-synthetic",
