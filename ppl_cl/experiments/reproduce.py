@@ -189,9 +189,10 @@ def checked_notes(notes: str | None) -> str | None:
     ``ValueError`` (a notes file left blank by mistake)."""
     if notes is None:
         return None
-    if not notes.strip():
+    text = notes.strip()
+    if not text:
         raise ValueError("notes: empty text")
-    return notes.strip()
+    return text
 
 
 def notes_section(notes: str | None) -> str:
