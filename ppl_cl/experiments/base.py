@@ -58,15 +58,20 @@ def _check_device(device: str) -> str:
 @dataclass(frozen=True)
 class PaperNumber:
     """A number reported in a paper, for the ``reproduce`` table, printed with the digits it
-    was given (90.57 ± 1.06, not 90.57 ± 1.1)."""
+    was given (90.57 ± 1.06, not 90.57 ± 1.1). A float forgets trailing zeros, so a table
+    printed with fixed decimals says how many (``decimals=2``: 10.09 ± 0.40, 97.20 ± 0.08);
+    without, the shortest form (``0.33 ± 0.01``)."""
 
     value: float
     source: str
     std: float | None = None
     note: str = ""
+    decimals: int | None = None
 
     def format(self) -> str:
-        return f"{self.value:g}" + (f" ± {self.std:g}" if self.std is not None else "")
+        def fmt(x: float) -> str:
+            return f"{x:g}" if self.decimals is None else f"{x:.{self.decimals}f}"
+        return fmt(self.value) + (f" ± {fmt(self.std)}" if self.std is not None else "")
 
 
 @dataclass

@@ -417,7 +417,8 @@ _TABLE1 = {
 @register("kalman-online-cifar100", KalmanOnlineCifar100Config,
           quick={"n_points": 2000, "network": "cnn", "feature_dim": 128, "baselines": False,
                  "forgetting_rate_grid": (0.01,)},
-          paper={k: PaperNumber(v, _PAPER, note=f"{note}; ResNet-18, average online accuracy")
+          paper={k: PaperNumber(v, _PAPER, decimals=3,
+                                 note=f"{note}; ResNet-18, average online accuracy")
                  for k, (v, note) in _TABLE1.items()},
           description="Kalman OCL Table 1 on CIFAR-100 (needs cifar-100-python locally)")
 def run_kalman_online_cifar100(config: KalmanOnlineCifar100Config, ctx: RunContext) -> dict:

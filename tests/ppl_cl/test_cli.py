@@ -230,6 +230,12 @@ def test_paper_numbers_print_as_the_paper_gives_them():
     paper = registry()["vargp-split-mnist"].paper
     assert paper["final_avg_accuracy"].format() == "90.57 ± 1.06"
     assert paper["final_avg_accuracy_block_diag"].format() == "78.64 ± 1.41"
+    assert paper["final_avg_accuracy_mle_hypers"].format() == "10.09 ± 0.40"   # not 0.4
+    permuted = registry()["vargp-permuted-mnist"].paper
+    assert permuted["final_avg_accuracy"].format() == "97.20 ± 0.08"          # not 97.2
+    assert registry()["exact-gp-synthetic"].paper["rmse_batch1"].format() == "0.9"
+    kalman = registry()["kalman-online-cifar100"].paper
+    assert any(p.format() == "0.190" for p in kalman.values())                  # not 0.19
 
 
 def test_reproduce_several_seeds_reports_mean_and_std(tmp_data_root, tmp_path):
