@@ -31,9 +31,12 @@ __all__ = ["reproduce", "aggregate_summaries", "collect"]
 
 def _digits(x: float, n: int) -> str:
     """``n`` significant digits, trailing zeros kept (85.10, not 85.1; 6.0, not 6); whole
-    numbers without a decimal point (5, 1517, 0)."""
+    numbers without a decimal point (5, 1517, 0); never an exponent for numbers with ``n`` or
+    more integer digits (a std of 431.0 at 2 digits prints 430, not 4.3e+02)."""
     if float(x).is_integer() and abs(x) < 10 ** n:
         return str(int(x))
+    if abs(x) >= 10 ** (n - 1):
+        return f"{float(f'{x:.{n}g}'):.0f}"
     return f"{x:#.{n}g}".rstrip(".")
 
 

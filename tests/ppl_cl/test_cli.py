@@ -220,7 +220,9 @@ def test_report_cells_keep_their_significant_digits():
     assert _fmt({"mean": 1489.0, "std": 3.01, "n": 3}) == "1489 ± 3.0 (n = 3)"
     assert _fmt({"mean": 85.1, "std": 0.32, "n": 2}) == "85.10 ± 0.32 (n = 2)"
     assert _fmt(0.00123456) == "0.001235" and _fmt(3.0) == "3"
-    assert _fmt({"mean": 2792.0, "std": 431.0, "n": 3}) == "2792 ± 4.3e+02 (n = 3)"
+    assert _fmt({"mean": 2792.0, "std": 431.0, "n": 3}) == "2792 ± 430 (n = 3)"
+    assert _fmt({"mean": 12345.6, "std": 99.96, "n": 2}) == "12350 ± 100 (n = 2)"
+    assert _fmt(2792.4) == "2792" and _fmt(99.996) == "100.0"
     assert _fmt({"mean": 76.34, "std": 0.0, "n": 1}) == "76.34"
 
 
