@@ -89,7 +89,9 @@ def compare(run_a: Path, run_b: Path, row_a: str | None = None, row_b: str | Non
 
 
 def _markdown(res: dict) -> str:
-    a, b, o = res["a"]["label"], res["b"]["label"], res["average"]
+    # Table 1 writes the ablations as "+ Block Diag." (VAR-GP plus a change); a title names rows
+    a, b = (res[k]["label"].removeprefix("+ ") for k in "ab")
+    o = res["average"]
     pct = lambda v: f"{round(100 * v, 2) + 0.0:.2f}"  # noqa: E731  (+ 0.0: no "-0.00")
     num = lambda v: f"{round(v, 2) + 0.0:.2f}"  # noqa: E731
     lines = [

@@ -716,7 +716,7 @@ def test_paired_comparison_of_two_runs(tmp_path, monkeypatch):
     assert 100 * avg["difference"] == pytest.approx(
         a["summary"]["final_avg_accuracy"] - b["summary"]["final_avg_accuracy_block_diag"])
     assert avg["se"] > 0 and res["clusters"] == "test point" and len(res["per_task"]) == 5
-    assert "# VAR-GP against + Block Diag." in paired._markdown(res)
+    assert "# VAR-GP against Block Diag., paired" in paired._markdown(res)
 
     real_update, calls = VARGP.update, []
 
