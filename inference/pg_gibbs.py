@@ -5,13 +5,16 @@ The sampler of GP-Tree (Achituve et al. 2021, Sect. 2.3 / 3.2, eq. 4) for any no
 
     omega | f ~ PG(1, f),     f | omega ~ N(Sigma kappa, Sigma),  Sigma = (K^-1 + Omega)^-1.
 
+The Gaussian draw is :func:`models.gp_tree.sample_f_given_omega` (Matheron's rule with one
+Cholesky of ``I + S K S`` per chain, ``S = diag(sqrt(omega))``).
+
 Engine contract (``init(...) -> State``, ``step(rng, state, problem) -> (State, Info)``,
 NamedTuples of tensors, randomness explicit): the torch ``Generator`` state (uint8 tensor) lives
 in :class:`GibbsState`, so ``rng`` is unused (pass ``None``) and the same state gives the same
 chain. The state is ``(f, omega)`` for ``C`` parallel chains of ``G`` nodes:
 
 * ``G`` nodes of one tree level are sampled in one batched call: :func:`pad_problems` stacks
-  their Cholesky factors into ``(G, n_max, n_max)`` with an identity block on the padding and
+  their covariances into ``(G, n_max, n_max)`` with an identity block on the padding and
   ``kappa = 0`` there. A padded point is then a priori independent of the real ones, so it
   cannot change their conditionals (``Sigma`` stays block diagonal) and the real block of each
   node is sampled exactly as alone.
@@ -43,11 +46,13 @@ class GibbsProblem(NamedTuple):
     """The fixed inputs of ``G`` nodes' conditionals.
 
     Attributes:
+        K: prior covariance per node, ``(G, n, n)`` (identity on padding).
         L: ``chol(K)`` per node, ``(G, n, n)`` (identity on padding).
         kappa: ``y - 1/2`` per node, ``(G, n)`` (0 on padding).
         mask: ``(G, n)`` bool, True for real points.
     """
 
+    K: Tensor
     L: Tensor
     kappa: Tensor
     mask: Tensor
@@ -71,20 +76,28 @@ class GibbsInfo(NamedTuple):
     log_marginal: Tensor
 
 
-def pad_problems(Ls: Sequence[Tensor], kappas: Sequence[Tensor]) -> GibbsProblem:
-    """Stack nodes of different sizes into one :class:`GibbsProblem` (identity / 0 padding)."""
-    n_max = max(int(L.shape[-1]) for L in Ls)
-    like = Ls[0]
-    G = len(Ls)
-    L_all = torch.eye(n_max, dtype=like.dtype, device=like.device).repeat(G, 1, 1)
+def pad_problems(Ks: Sequence[Tensor], kappas: Sequence[Tensor],
+                 Ls: Sequence[Tensor] | None = None) -> GibbsProblem:
+    """Stack nodes of different sizes into one :class:`GibbsProblem` (identity / 0 padding);
+    ``Ls`` (the Cholesky factors of ``Ks``) are computed when not given."""
+    from models.linalg_torch import jitter_cholesky
+
+    if Ls is None:
+        Ls = [jitter_cholesky(K, name="K") for K in Ks]
+    n_max = max(int(K.shape[-1]) for K in Ks)
+    like = Ks[0]
+    G = len(Ks)
+    K_all = torch.eye(n_max, dtype=like.dtype, device=like.device).repeat(G, 1, 1)
+    L_all = K_all.clone()
     kappa_all = torch.zeros(G, n_max, dtype=like.dtype, device=like.device)
     mask = torch.zeros(G, n_max, dtype=torch.bool, device=like.device)
-    for g, (L, kappa) in enumerate(zip(Ls, kappas)):
-        n = L.shape[-1]
+    for g, (K, L, kappa) in enumerate(zip(Ks, Ls, kappas)):
+        n = K.shape[-1]
+        K_all[g, :n, :n] = K
         L_all[g, :n, :n] = L
         kappa_all[g, :n] = kappa
         mask[g, :n] = True
-    return GibbsProblem(L_all, kappa_all, mask)
+    return GibbsProblem(K_all, L_all, kappa_all, mask)
 
 
 def unpad(x: Tensor, problem: GibbsProblem, g: int) -> Tensor:
@@ -142,9 +155,10 @@ class PGGibbs:
         """One sweep: ``f | omega`` (eq. 4, Gaussian), then ``omega | f`` (PG)."""
         del rng  # randomness is carried in the state
         g = self._generator(state.rng_state, problem.L.device)
-        eps = torch.randn(state.f.shape, dtype=state.f.dtype, device=state.f.device, generator=g)
-        f, log_marg = sample_f_given_omega(problem.L.unsqueeze(1), state.omega,
-                                           problem.kappa.unsqueeze(1), eps)
+        eps0 = torch.randn(state.f.shape, dtype=state.f.dtype, device=state.f.device, generator=g)
+        eps1 = torch.randn(state.f.shape, dtype=state.f.dtype, device=state.f.device, generator=g)
+        f, log_marg = sample_f_given_omega(problem.K.unsqueeze(1), problem.L.unsqueeze(1),
+                                           state.omega, problem.kappa.unsqueeze(1), eps0, eps1)
         omega = self._omega(f, g)
         return (GibbsState(f, omega, g.get_state(), state.step + 1), GibbsInfo(log_marg))
 

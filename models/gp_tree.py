@@ -20,20 +20,21 @@ whose conditionals are the block-Gibbs steps (eq. 4)
 Kernels act on L2-normalized inputs (App. C): RBF ``s exp(-|x^ - x'^|^2 / (2 l^2))`` or the
 normalized linear ``s x^.x'^`` (Table 1's grid), ``x^ = x / |x|``.
 
-Numerics without inverses. With ``K = L L^T`` and ``B = I + L^T Omega L = M M^T`` (SPD,
-eigenvalues >= 1, so well conditioned whatever omega is, including omega -> 0):
+Numerics without inverses. With ``S = diag(sqrt(omega))`` and
+``B = I + S K S = M M^T`` (SPD with eigenvalues >= 1, well conditioned for any omega; formed
+elementwise, ``B_ij = [i = j] + s_i s_j K_ij``, so one Cholesky of n^3/3 flops per chain and
+nothing else cubic), ``(K + Omega^-1)^-1 = S B^-1 S``, and
 
-    Sigma = L B^-1 L^T,    Sigma kappa = L M^-T M^-1 L^T kappa,
-    f = L M^-T (M^-1 L^T kappa + eps),  eps ~ N(0, I)                   (a draw of eq. 4)
-
-    log p(y | omega, X) = -n log 2 + 1/2 |M^-1 L^T kappa|^2 - sum_i log M_ii          (eq. 10)
-
-(eq. 10 writes it as ``N(Omega^-1 kappa | 0, K + Omega^-1)`` times omega-only factors; the two
-agree, see ``tests/models/test_gp_tree.py``), and the augmented predictive at ``x*`` (eq. 12;
-``(Omega^-1 + K)^-1 Omega^-1 = K^-1 Sigma`` and ``(Omega^-1 + K)^-1 = K^-1 - K^-1 Sigma K^-1``):
-
-    mu*  = k*^T L^-T M^-T M^-1 L^T kappa,
-    var* = k** - |a|^2 + |M^-1 a|^2,      a = L^-1 k*.                           (eq. 12)
+* a draw of eq. 4 by Matheron's rule on the pseudo-observations ``z = kappa / omega`` with noise
+  ``Omega^-1``: ``f0 = chol(K) eps_0``,
+  ``f = f0 + K S M^-T M^-1 (S^-1 kappa - S f0 - eps_1)``, ``eps_0, eps_1 ~ N(0, I)``
+  (``S^-1 kappa = kappa / sqrt(omega)`` is moderate: a PG(1, f) draw below 1e-3 has
+  probability ~exp(-125));
+* ``log p(y | omega, X) = -n log 2 + 1/2 kappa^T Sigma kappa - sum_i log M_ii`` (eq. 10) with
+  ``kappa^T Sigma kappa = kappa^T K kappa - |M^-1 S K kappa|^2``; eq. 10 writes it as
+  ``N(Omega^-1 kappa | 0, K + Omega^-1)`` times omega-only factors (equal, see the tests);
+* the augmented predictive at ``x*`` (eq. 12):
+  ``mu* = k*^T S M^-T M^-1 S^-1 kappa``, ``var* = k** - |M^-1 S k*|^2``.
 
 Variational node (Sect. 3.2, App. A; Wenzel et al. 2019) over inducing values ``fbar`` at
 inducing inputs ``Xbar (m, d)``: ``p(fbar) = N(0, K_mm)`` (eq. 5), ``p(f | fbar)`` (eq. 6),
@@ -72,7 +73,8 @@ from models.linalg_torch import jitter_cholesky
 
 __all__ = ["NodeKernelParams", "node_kernel", "node_gram", "kappa_from_labels", "PolyaGamma",
            "bernoulli_node_model", "augmented_node_model", "sample_f_given_omega",
-           "augmented_log_marginal", "gibbs_predictive", "sigmoid_expectation",
+           "augmented_log_marginal", "gibbs_predictive", "gibbs_predictive_cache",
+           "GibbsPredictiveCache", "precision_factor", "sigmoid_expectation",
            "NaturalParams", "natural_to_moments", "vi_marginals", "optimal_c", "pg_vi_elbo",
            "natural_gradient_target", "vi_predictive", "gauss_hermite"]
 
@@ -200,70 +202,93 @@ def augmented_node_model(X: Tensor, y: Tensor, params: NodeKernelParams,
 
 
 # -- Gibbs closed forms ------------------------------------------------------------------------
-def _precision_factor(L: Tensor, omega: Tensor) -> Tensor:
-    """``M = chol(I + L^T Omega L)``: ``L (..., n, n)``, ``omega (..., n)`` -> ``(..., n, n)``."""
-    B = L.transpose(-1, -2) @ (omega.unsqueeze(-1) * L)
-    B = B + torch.eye(L.shape[-1], dtype=L.dtype, device=L.device)
-    return jitter_cholesky(0.5 * (B + B.transpose(-1, -2)), name="I + L^T Omega L")
+def precision_factor(K: Tensor, omega: Tensor) -> tuple[Tensor, Tensor]:
+    """``s = sqrt(omega)`` and ``M = chol(I + S K S)``: ``K (..., n, n)``, ``omega (..., n)``."""
+    s = torch.sqrt(omega)
+    B = s.unsqueeze(-1) * K * s.unsqueeze(-2)
+    B = B + torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
+    return s, jitter_cholesky(B, name="I + S K S")
 
 
 def _solve_lower(M: Tensor, v: Tensor) -> Tensor:
     return torch.linalg.solve_triangular(M, v.unsqueeze(-1), upper=False).squeeze(-1)
 
 
-def _solve_upper_t(M: Tensor, v: Tensor) -> Tensor:
-    """``M^-T v`` for lower ``M``."""
-    return torch.linalg.solve_triangular(M.transpose(-1, -2), v.unsqueeze(-1), upper=True).squeeze(-1)
+def _matvec(A: Tensor, v: Tensor, transpose: bool = False) -> Tensor:
+    """``A v`` (or ``A^T v``) for ``A (..., 1, n, n)`` shared by the chains of ``v (..., C, n)``:
+    computed as ``v A^T`` so that the chains meet ``A`` in one matrix product instead of a
+    broadcast copy of ``A`` per chain."""
+    At = A if transpose else A.transpose(-1, -2)
+    if A.dim() >= 3 and A.shape[-3] == 1 and v.dim() >= 2:
+        At = At.squeeze(-3)
+    return v @ At
 
 
-def sample_f_given_omega(L: Tensor, omega: Tensor, kappa: Tensor, eps: Tensor
-                         ) -> tuple[Tensor, Tensor]:
+def sample_f_given_omega(K: Tensor, L: Tensor, omega: Tensor, kappa: Tensor, eps_prior: Tensor,
+                         eps_noise: Tensor) -> tuple[Tensor, Tensor]:
     """One draw of ``f | omega, y`` (eq. 4) per leading index, and ``log p(y | omega)`` (eq. 10).
 
     Args:
-        L: ``chol(K)`` of shape ``(..., n, n)`` (broadcast over chains).
-        omega: ``(..., n)``; kappa: ``(..., n)``; eps: standard normal ``(..., n)``.
+        K: prior covariance ``(..., n, n)`` (broadcast over chains); L: ``chol(K)``.
+        omega, kappa: ``(..., n)``; eps_prior, eps_noise: standard normal ``(..., n)``.
 
     Returns:
         ``f (..., n)`` and the augmented log marginal ``(...)``.
     """
-    M = _precision_factor(L, omega)
-    v = _solve_lower(M, (L.transpose(-1, -2) @ kappa.unsqueeze(-1)).squeeze(-1))
-    f = (L @ _solve_upper_t(M, v + eps).unsqueeze(-1)).squeeze(-1)
-    log_marg = -L.shape[-1] * _LOG2 + 0.5 * (v * v).sum(-1) \
+    s, M = precision_factor(K, omega)
+    f0 = _matvec(L, eps_prior)                        # L eps: a draw of N(0, K)
+    r = kappa / s - s * f0 - eps_noise
+    w = torch.cholesky_solve(r.unsqueeze(-1), M).squeeze(-1)
+    f = f0 + _matvec(K, s * w)
+    Kk = _matvec(K, kappa)
+    b = _solve_lower(M, s * Kk)
+    log_marg = -K.shape[-1] * _LOG2 + 0.5 * ((kappa * Kk).sum(-1) - (b * b).sum(-1)) \
         - torch.log(torch.diagonal(M, dim1=-2, dim2=-1)).sum(-1)
     return f, log_marg
 
 
-def augmented_log_marginal(L: Tensor, omega: Tensor, kappa: Tensor) -> Tensor:
+def augmented_log_marginal(K: Tensor, omega: Tensor, kappa: Tensor) -> Tensor:
     """``log p(y | omega, X)`` of eq. 10 (with its constants), shape ``(...)``."""
-    M = _precision_factor(L, omega)
-    v = _solve_lower(M, (L.transpose(-1, -2) @ kappa.unsqueeze(-1)).squeeze(-1))
-    return -L.shape[-1] * _LOG2 + 0.5 * (v * v).sum(-1) \
+    s, M = precision_factor(K, omega)
+    Kk = _matvec(K, kappa)
+    b = _solve_lower(M, s * Kk)
+    return -K.shape[-1] * _LOG2 + 0.5 * ((kappa * Kk).sum(-1) - (b * b).sum(-1)) \
         - torch.log(torch.diagonal(M, dim1=-2, dim2=-1)).sum(-1)
 
 
-def gibbs_predictive(L: Tensor, omega: Tensor, kappa: Tensor, K_xs: Tensor, k_ss: Tensor
-                     ) -> tuple[Tensor, Tensor]:
+class GibbsPredictiveCache(NamedTuple):
+    """What eq. 12 reuses across test points: ``s = sqrt(omega)``, ``M = chol(I + S K S)``
+    ``(..., n, n)`` and the weights ``u = S M^-T M^-1 S^-1 kappa`` with ``mu* = u^T k*``."""
+
+    s: Tensor
+    M: Tensor
+    u: Tensor
+
+
+def gibbs_predictive_cache(K: Tensor, omega: Tensor, kappa: Tensor) -> GibbsPredictiveCache:
+    """Factor once per draw of omega (``K (n, n)``, ``omega, kappa (..., n)``)."""
+    s, M = precision_factor(K, omega)
+    u = s * torch.cholesky_solve((kappa / s).unsqueeze(-1), M).squeeze(-1)
+    return GibbsPredictiveCache(s, M, u)
+
+
+def gibbs_predictive(K: Tensor, omega: Tensor, kappa: Tensor, K_xs: Tensor, k_ss: Tensor,
+                     cache: GibbsPredictiveCache | None = None) -> tuple[Tensor, Tensor]:
     """Mean and variance of ``f* | omega, y`` at test points (eq. 12).
 
     Args:
-        L: ``chol(K)`` ``(n, n)`` (or batched ``(..., n, n)``).
-        omega, kappa: ``(..., n)`` (one row per chain).
-        K_xs: ``k(X, X*)`` ``(n, s)``; k_ss: ``diag k(X*, X*)`` ``(s,)``.
+        K: prior covariance of the training points ``(n, n)``.
+        omega, kappa: ``(..., n)`` (one row per chain / draw).
+        K_xs: ``k(X, X*)`` ``(n, s)``; k_ss: prior variances at ``X*`` ``(s,)``.
+        cache: :func:`gibbs_predictive_cache` of the same ``(K, omega, kappa)``.
 
     Returns:
         ``mean (..., s)``, ``var (..., s)`` (clamped at 0 against rounding).
     """
-    M = _precision_factor(L, omega)                                  # (..., n, n)
-    v = _solve_lower(M, (L.transpose(-1, -2) @ kappa.unsqueeze(-1)).squeeze(-1))
-    # mu* = k*^T L^-T (M^-T v): solve L^T u = M^-T v
-    u = torch.linalg.solve_triangular(L.transpose(-1, -2), _solve_upper_t(M, v).unsqueeze(-1),
-                                      upper=True).squeeze(-1)          # (..., n)
-    mean = u @ K_xs                                                   # (..., s)
-    a = torch.linalg.solve_triangular(L, K_xs, upper=False)           # (n, s) or (..., n, s)
-    Ma = torch.linalg.solve_triangular(M, a.expand(*M.shape[:-2], *a.shape[-2:]), upper=False)
-    var = k_ss - (a * a).sum(-2) + (Ma * Ma).sum(-2)
+    cache = gibbs_predictive_cache(K, omega, kappa) if cache is None else cache
+    mean = cache.u @ K_xs                                             # (..., s)
+    a = torch.linalg.solve_triangular(cache.M, cache.s.unsqueeze(-1) * K_xs, upper=False)
+    var = k_ss - (a * a).sum(-2)
     return mean, var.clamp_min(0.0)
 
 

@@ -60,7 +60,7 @@ def test_gibbs_posterior_matches_nuts_within_monte_carlo_error():
     f_nuts, ess_nuts, fs_nuts, ess_fs = _nuts_reference(K.numpy(), K_xs.numpy(), y.numpy())
 
     engine = PGGibbs(num_chains=40)
-    problem = pad_problems([jitter_cholesky(K)], [y.to(D) - 0.5])
+    problem = pad_problems([K], [y.to(D) - 0.5])
     state = engine.init(problem, seed=1)
     for _ in range(50):                                       # burn-in
         state, _ = engine.step(None, state, problem)
@@ -80,7 +80,7 @@ def test_gibbs_posterior_matches_nuts_within_monte_carlo_error():
     # E[K*^T K^-1 f | y] under NUTS
     om = draws["omega"][:, 0].reshape(-1, X.shape[0])
     kappa = (y.to(D) - 0.5).expand_as(om)
-    mean_s, _ = gibbs_predictive(jitter_cholesky(K), om, kappa, K_xs, k.diag(Xs))
+    mean_s, _ = gibbs_predictive(K, om, kappa, K_xs, k.diag(Xs))
     per_chain = mean_s.reshape(150, 40, -1).mean(0)
     gm, gse = per_chain.mean(0).numpy(), (per_chain.std(0) / math.sqrt(40)).numpy()
     zs = (gm - fs_nuts.mean(0)) / np.sqrt(gse ** 2 + (fs_nuts.std(0) / np.sqrt(ess_fs)) ** 2)
@@ -93,8 +93,8 @@ def test_wrong_conditional_would_be_caught():
     X, y, params = _node()
     K = node_gram(params, X)
     engine = PGGibbs(num_chains=40)
-    good = pad_problems([jitter_cholesky(K)], [y.to(D) - 0.5])
-    bad = pad_problems([jitter_cholesky(K)], [0.5 - y.to(D)])
+    good = pad_problems([K], [y.to(D) - 0.5])
+    bad = pad_problems([K], [0.5 - y.to(D)])
     _, _, dg = engine.run(good, 100, seed=0, keep=True)
     _, _, db = engine.run(bad, 100, seed=0, keep=True)
     diff = (dg["f"].mean((0, 2)) - db["f"].mean((0, 2))).abs()
@@ -107,7 +107,7 @@ def test_padding_gives_each_node_its_own_chain_exactly():
     one node alone vs the same node padded beside another gives the same posterior means."""
     X1, y1, params = _node(n=10, seed=1)
     X2, y2, _ = _node(n=6, seed=2)
-    L1, L2 = jitter_cholesky(node_gram(params, X1)), jitter_cholesky(node_gram(params, X2))
+    L1, L2 = node_gram(params, X1), node_gram(params, X2)
     k1, k2 = y1.to(D) - 0.5, y2.to(D) - 0.5
     engine = PGGibbs(num_chains=200)
     both = pad_problems([L1, L2], [k1, k2])
@@ -124,7 +124,7 @@ def test_padding_gives_each_node_its_own_chain_exactly():
 
 def test_same_state_same_chain_and_state_is_arrays():
     X, y, params = _node()
-    problem = pad_problems([jitter_cholesky(node_gram(params, X))], [y.to(D) - 0.5])
+    problem = pad_problems([node_gram(params, X)], [y.to(D) - 0.5])
     engine = PGGibbs(num_chains=5)
     s0 = engine.init(problem, seed=7)
     assert isinstance(s0, GibbsState) and s0.rng_state.dtype == torch.uint8
@@ -136,7 +136,7 @@ def test_same_state_same_chain_and_state_is_arrays():
 
 def test_reference_pg_scheme_samples_the_same_posterior():
     X, y, params = _node()
-    problem = pad_problems([jitter_cholesky(node_gram(params, X))], [y.to(D) - 0.5])
+    problem = pad_problems([node_gram(params, X)], [y.to(D) - 0.5])
     ours = PGGibbs(num_chains=60).run(problem, 80, seed=0, keep=True)[2]["f"][20:, 0]
     ref = PGGibbs(num_chains=60, pg_sampler="polyagamma").run(problem, 80, seed=0, keep=True)[2]["f"][20:, 0]
     se = torch.sqrt(ours.mean(0).var(0) / 60 + ref.mean(0).var(0) / 60)

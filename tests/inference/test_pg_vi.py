@@ -97,10 +97,10 @@ def test_vi_with_inducing_equal_data_matches_gibbs_predictive():
     m, v = vi_predictive(L, q, k(X, Xs), k.diag(Xs))
     p_vi = sigmoid_expectation(m, v)
     gibbs = PGGibbs(num_chains=50)
-    problem = pad_problems([L], [y.to(D) - 0.5])
+    problem = pad_problems([node_gram(params, X)], [y.to(D) - 0.5])
     st, _, draws = gibbs.run(problem, 120, seed=0, keep=True)
     om = draws["omega"][20:, 0].reshape(-1, 10)
-    mg, vg = gibbs_predictive(L, om, (y.to(D) - 0.5).expand_as(om), k(X, Xs), k.diag(Xs))
+    mg, vg = gibbs_predictive(node_gram(params, X), om, (y.to(D) - 0.5).expand_as(om), k(X, Xs), k.diag(Xs))
     p_gibbs = sigmoid_expectation(mg, vg).mean(0)
     # the mean-field bound is an approximation: the predictive probabilities agree to 0.05
     np.testing.assert_allclose(p_vi.numpy(), p_gibbs.numpy(), atol=0.05)

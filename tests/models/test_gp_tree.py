@@ -107,8 +107,10 @@ def test_gibbs_conditional_is_the_one_the_program_implies():
         float(gauss.log_prob(f1) - gauss.log_prob(f2)), abs=1e-9)
     # and the Cholesky-form draw has that mean and covariance
     L = jitter_cholesky(K)
-    eps = torch.randn(200000, 6, dtype=D)
-    draws, _ = sample_f_given_omega(L, omega.expand(200000, 6), (y.to(D) - 0.5).expand(200000, 6), eps)
+    eps0, eps1 = torch.randn(200000, 6, dtype=D), torch.randn(200000, 6, dtype=D)
+    draws, lm = sample_f_given_omega(K, L, omega.expand(200000, 6),
+                                     (y.to(D) - 0.5).expand(200000, 6), eps0, eps1)
+    assert float(lm[0]) == pytest.approx(float(augmented_log_marginal(K, omega, y.to(D) - 0.5)))
     np.testing.assert_allclose(draws.mean(0).numpy(), mean.numpy(), atol=4 * Sigma.diagonal().max().sqrt().item() / 447)
     np.testing.assert_allclose(torch.cov(draws.T).numpy(), Sigma.numpy(), atol=0.03 * Sigma.abs().max().item())
 
@@ -119,10 +121,9 @@ def test_augmented_marginal_equals_eq10_gaussian_form():
     X, y = _toy(n=8)
     params = _params()
     K = node_gram(params, X)
-    L = jitter_cholesky(K)
     kappa = y.to(D) - 0.5
     omega = torch.rand(3, 8, dtype=D) * 2 + 0.05
-    ours = augmented_log_marginal(L, omega, kappa.expand(3, 8))
+    ours = augmented_log_marginal(K, omega, kappa.expand(3, 8))
     for c in range(3):
         w = omega[c]
         z = kappa / w
@@ -141,7 +142,7 @@ def test_gibbs_predictive_equals_eq12_dense_form():
     K_xs, k_ss = k(X, Xs), k.diag(Xs)
     omega = torch.rand(2, 8, dtype=D) + 0.05
     kappa = (y.to(D) - 0.5).expand(2, 8)
-    mean, var = gibbs_predictive(jitter_cholesky(K), omega, kappa, K_xs, k_ss)
+    mean, var = gibbs_predictive(K, omega, kappa, K_xs, k_ss)
     for c in range(2):
         A = torch.linalg.inv(torch.diag(1 / omega[c]) + K)   # test-only dense reference
         m_ref = K_xs.T @ A @ (kappa[c] / omega[c])

@@ -1,0 +1,1 @@
+"""One frozen config dataclass per learner (stdlib imports only; defaults = validated settings)."""
