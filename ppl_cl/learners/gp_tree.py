@@ -295,7 +295,7 @@ class GPTree(Learner):
                     loss = ce(head(backbone(x[idx])), y_idx[idx])
                     loss.backward()
                     opt.step()
-                    tot += float(loss) * idx.numel()
+                    tot += float(loss.detach()) * idx.numel()
                 sched.step()
                 losses.append(tot / N)
             lr_now = sched.get_last_lr()[0]

@@ -52,6 +52,7 @@ class _MulticlassGibbs(Learner):
         self.X: torch.Tensor | None = None
         self.y: torch.Tensor | None = None
         self.state = None
+        self.f_trace: torch.Tensor | None = None
         self.num_updates = 0
         self._cache = None
 
@@ -100,11 +101,13 @@ class _MulticlassGibbs(Learner):
         problem = self._problem(X, y)
         engine = self._engine()
         state = engine.init(problem, seed=self.config.seed * 7919 + self.num_updates)
-        lls = []
+        lls, trace = [], []
         for _ in range(self.config.num_steps):
             state, info = engine.step(None, state, problem)
             lls.append(float(info.log_likelihood.mean()))
+            trace.append(state.f)
         self.X, self.y, self.state = X, y, state
+        self.f_trace = torch.stack(trace)                                  # (steps, ch, C, n)
         self.num_updates += 1
         self._cache = None
         return {"num_data": int(X.shape[0]), "num_classes": self.num_classes,
@@ -139,6 +142,7 @@ class _MulticlassGibbs(Learner):
         if self.state is None:
             return {"fitted": False}
         return {"fitted": True, "X": self.X, "y": self.y, "num_updates": self.num_updates,
+                "f_trace": self.f_trace,
                 "state": {k: v for k, v in self.state._asdict().items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -149,6 +153,7 @@ class _MulticlassGibbs(Learner):
         self.X = torch.as_tensor(state["X"]).to(self.device, self.dtype)
         self.y = torch.as_tensor(state["y"]).to(self.device)
         self.num_updates = int(state["num_updates"])
+        self.f_trace = torch.as_tensor(state["f_trace"]).to(self.device, self.dtype)
         st = {k: torch.as_tensor(v) for k, v in state["state"].items()}
         st = {k: (v.to(self.device, self.dtype) if v.is_floating_point() else v)
               for k, v in st.items()}
@@ -159,13 +164,13 @@ class _MulticlassGibbs(Learner):
                   meta={"learner": self.learner_name, "config": dataclasses.asdict(self.config)})
 
     def to_inference_data(self):
-        """Last-sweep class functions at the training points: ``f`` with dims
-        ``(chain, draw=1, class, obs)`` (the learner keeps the final state only)."""
+        """The class functions at the training points over the sweeps of the last update:
+        ``f`` with dims ``(chain, draw, class, obs)``."""
         from ppl_cl.inference_data import samples_to_inference_data
 
         if self.state is None:
             raise NotFittedError(f"{type(self).__name__}.to_inference_data before any update()")
-        return samples_to_inference_data({"f": as_numpy(self.state.f.unsqueeze(1))},
+        return samples_to_inference_data({"f": as_numpy(self.f_trace.transpose(0, 1))},
                                          dims={"f": ["class", "obs"]})
 
 
