@@ -273,7 +273,8 @@ def gibbs_predictive_cache(K: Tensor, omega: Tensor, kappa: Tensor) -> GibbsPred
 
 
 def gibbs_predictive(K: Tensor, omega: Tensor, kappa: Tensor, K_xs: Tensor, k_ss: Tensor,
-                     cache: GibbsPredictiveCache | None = None) -> tuple[Tensor, Tensor]:
+                     cache: GibbsPredictiveCache | None = None, with_variance: bool = True
+                     ) -> tuple[Tensor, Tensor | None]:
     """Mean and variance of ``f* | omega, y`` at test points (eq. 12).
 
     Args:
@@ -281,12 +282,16 @@ def gibbs_predictive(K: Tensor, omega: Tensor, kappa: Tensor, K_xs: Tensor, k_ss
         omega, kappa: ``(..., n)`` (one row per chain / draw).
         K_xs: ``k(X, X*)`` ``(n, s)``; k_ss: prior variances at ``X*`` ``(s,)``.
         cache: :func:`gibbs_predictive_cache` of the same ``(K, omega, kappa)``.
+        with_variance: ``False`` skips the variance (one triangular solve per draw and test
+            block, the dominant cost), for predictions at the mean (App. C.1).
 
     Returns:
-        ``mean (..., s)``, ``var (..., s)`` (clamped at 0 against rounding).
+        ``mean (..., s)``, ``var (..., s)`` (clamped at 0 against rounding; None without it).
     """
     cache = gibbs_predictive_cache(K, omega, kappa) if cache is None else cache
     mean = cache.u @ K_xs                                             # (..., s)
+    if not with_variance:
+        return mean, None
     a = torch.linalg.solve_triangular(cache.M, cache.s.unsqueeze(-1) * K_xs, upper=False)
     var = k_ss - (a * a).sum(-2)
     return mean, var.clamp_min(0.0)

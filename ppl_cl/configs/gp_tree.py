@@ -194,6 +194,7 @@ class _MulticlassGibbsConfig:
     num_chains: int = 20
     num_steps: int = 10
     num_predict_samples: int = 20
+    predict: Literal["mc", "mean"] = "mc"
     seed: int = 0
     device: str = "cpu"
     dtype: Literal["float64", "float32"] = "float64"
@@ -201,6 +202,7 @@ class _MulticlassGibbsConfig:
 
     def __post_init__(self) -> None:
         _choice("kernel", self.kernel, ("rbf", "linear"))
+        _choice("predict", self.predict, ("mc", "mean"))
         _choice("dtype", self.dtype, ("float64", "float32"))
         for name in ("num_chains", "num_steps", "num_predict_samples", "predict_chunk"):
             _positive(name, getattr(self, name), integer=True)
@@ -216,7 +218,9 @@ class LSMConfig(_MulticlassGibbsConfig):
     Defaults follow GP-Tree's Gibbs nodes so the comparison varies the likelihood only:
     kernel RBF with output scale 8, lengthscale 1, jitter 1e-3 (App. C.3), 20 chains (App.
     C.1 for up to 20 classes), ``num_steps`` 10 sweeps (ref --num-steps), and
-    ``num_predict_samples`` f* draws per chain for the Monte Carlo predictive."""
+    ``num_predict_samples`` f* draws per chain for the Monte Carlo predictive (``predict="mc"``)
+    or the likelihood at the predictive mean of f* (``predict="mean"``, "a single sample at the
+    expected value location", App. C.1)."""
 
 
 @dataclass(frozen=True)

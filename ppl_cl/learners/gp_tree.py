@@ -508,7 +508,8 @@ class GPTree(Learner):
                 K, cache = self._node_cache(i)
                 k = node_kernel(self._gibbs_params())
                 mean, var = gibbs_predictive(K, node["omega"], node["kappa"], k(node["X"], feats),
-                                             k.diag(feats) + c.gibbs_jitter, cache)
+                                             k.diag(feats) + c.gibbs_jitter, cache,
+                                             with_variance=c.predict != "mean")
             else:
                 L_mm, q = self._node_cache(i)
                 kp = self._vi_params(node)

@@ -113,7 +113,8 @@ class _MulticlassGibbs(Learner):
         return {"num_data": int(X.shape[0]), "num_classes": self.num_classes,
                 "train_log_likelihood": lls}
 
-    def _latent_predictive(self, Xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _latent_predictive(self, Xs: torch.Tensor, with_variance: bool = True):
+        """Mean and variance of the class functions at ``Xs``: ``(chains, C, m)`` each."""
         raise NotImplementedError
 
     def _likelihood(self, f: torch.Tensor) -> torch.Tensor:
@@ -129,8 +130,13 @@ class _MulticlassGibbs(Learner):
         g.manual_seed(self.config.seed + 104729)
         out = []
         S = self.config.num_predict_samples
+        at_mean = self.config.predict == "mean"
         for s in range(0, Xs.shape[0], self.config.predict_chunk):
-            mean, var = self._latent_predictive(Xs[s:s + self.config.predict_chunk])  # (ch, C, m)
+            mean, var = self._latent_predictive(Xs[s:s + self.config.predict_chunk],
+                                                with_variance=not at_mean)  # (ch, C, m)
+            if at_mean:
+                out.append(self._likelihood(mean).mean(0).T)
+                continue
             eps = torch.randn(S, *mean.shape, dtype=self.dtype, device=self.device, generator=g)
             f = mean + var.sqrt() * eps                                    # (S, ch, C, m)
             out.append(self._likelihood(f).mean((0, 1)).T)                 # (m, C)
@@ -188,7 +194,7 @@ class LSMGibbsClassifier(_MulticlassGibbs):
     def _engine(self):
         return LSMGibbs(num_chains=self.config.num_chains)
 
-    def _latent_predictive(self, Xs):
+    def _latent_predictive(self, Xs, with_variance: bool = True):
         if self._cache is None:
             K = node_gram(self._params(), self.X)
             kappa = 0.5 * (torch.nn.functional.one_hot(self.y, self.num_classes).T.to(self.dtype)
@@ -198,7 +204,7 @@ class LSMGibbsClassifier(_MulticlassGibbs):
         K, omega, kappa, cache = self._cache
         k = node_kernel(self._params())
         return gibbs_predictive(K, omega, kappa, k(self.X, Xs), k.diag(Xs) + self.config.jitter,
-                                cache)
+                                cache, with_variance=with_variance)
 
     def _likelihood(self, f):
         sig = torch.sigmoid(f)
@@ -220,7 +226,7 @@ class OVEGibbsClassifier(_MulticlassGibbs):
         return OVEGibbs(num_chains=self.config.num_chains,
                         max_joint_dim=self.config.max_joint_dim)
 
-    def _latent_predictive(self, Xs):
+    def _latent_predictive(self, Xs, with_variance: bool = True):
         if self._cache is None:
             K = node_gram(self._params(), self.X)
             L = jitter_cholesky(K, name="K")
@@ -231,6 +237,8 @@ class OVEGibbsClassifier(_MulticlassGibbs):
         K_xs = k(self.X, Xs)
         ch, C = self.state.f.shape[:2]
         mean = (alpha.T @ K_xs).reshape(ch, C, -1)
+        if not with_variance:
+            return mean, None
         a = torch.linalg.solve_triangular(L, K_xs, upper=False)
         var = (k.diag(Xs) + self.config.jitter - (a * a).sum(0)).clamp_min(0.0)
         return mean, var.expand_as(mean)

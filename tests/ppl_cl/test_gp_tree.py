@@ -250,3 +250,13 @@ def test_ove_refuses_too_large_joint():
         OVEGibbsClassifier(OVEConfig(max_joint_dim=100)).update(Batch(x, y))
     with pytest.raises(ValueError, match="num_chains"):
         LSMConfig(num_chains=0)
+
+
+def test_baselines_predict_at_the_mean():
+    x, y = _blobs(n_per=15, seed=1)
+    for klass in (LSMGibbsClassifier, OVEGibbsClassifier):
+        m = klass(num_chains=3, num_steps=6, predict="mean")
+        m.update(Batch(x, y))
+        p = m.predict(x)
+        np.testing.assert_allclose(p.probs.sum(1), 1.0, atol=1e-9)
+        assert p.accuracy(y) > 0.85
