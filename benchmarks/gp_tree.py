@@ -4,8 +4,8 @@
    float64 and float32) against the ``polyagamma`` package (single-threaded C) on the same z:
    ``z ~ N(0, 9)`` and a GP-Tree-like z (the latent f of the chains of a fitted root node of
    GP-Tree on 10 letter classes, 30 per class).
-2. Gibbs sweeps per second for one 200-point node with 30 chains: our engine (PG draws on the
-   device of the state) against the reference scheme (the same engine with
+2. Gibbs sweeps per second for one 200-point node (and one 800-point node) with 30 chains: our
+   engine (PG draws on the device of the state) against the reference scheme (the same engine with
    ``pg_sampler="polyagamma"``: f copied to the host, PG draws by the polyagamma package,
    copied back, as the reference code does with pypolyagamma every step).
 
@@ -59,6 +59,8 @@ def main(argv=None) -> dict:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--node-size", type=int, default=200)
     p.add_argument("--chains", type=int, default=30)
+    p.add_argument("--large-node-size", type=int, default=800,
+                   help="a second node size (the root of 26 letter classes x 30 rows is 780)")
     p.add_argument("--sweeps", type=int, default=20)
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "gp_tree.json"))
     args = p.parse_args(argv)
@@ -98,33 +100,34 @@ def main(argv=None) -> dict:
         print(json.dumps(row))
 
     # Gibbs sweeps for one node
-    rng = np.random.default_rng(2)
-    X = torch.as_tensor(rng.normal(size=(args.node_size, 16)))
-    y = torch.as_tensor((rng.normal(size=args.node_size) > 0).astype(np.int64))
     params = NodeKernelParams(torch.tensor(8.0, dtype=torch.float64),
                               torch.tensor(1.0, dtype=torch.float64), 1e-3)
-    problem = pad_problems([node_gram(params, X)], [y.to(torch.float64) - 0.5])
-    sweeps = {}
-    for scheme in ("torch", "polyagamma"):
-        engine = PGGibbs(num_chains=args.chains, pg_sampler=scheme)
-        state = engine.init(problem, seed=0)
+    result["gibbs_sweeps"] = []
+    for size in (args.node_size, args.large_node_size):
+        rng = np.random.default_rng(2)
+        X = torch.as_tensor(rng.normal(size=(size, 16)))
+        y = torch.as_tensor((rng.normal(size=size) > 0).astype(np.int64))
+        problem = pad_problems([node_gram(params, X)], [y.to(torch.float64) - 0.5])
+        sweeps = {}
+        for scheme in ("torch", "polyagamma"):
+            engine = PGGibbs(num_chains=args.chains, pg_sampler=scheme)
+            state = engine.init(problem, seed=0)
+            n_sweeps = args.sweeps if size == args.node_size else max(2, args.sweeps // 5)
 
-        def run():
-            s = state
-            for _ in range(args.sweeps):
-                s, _ = engine.step(None, s, problem)
+            def run():
+                s = state
+                for _ in range(n_sweeps):
+                    s, _ = engine.step(None, s, problem)
 
-        run()
-        t = best_of(run, args.repeats)
-        sweeps[scheme] = args.sweeps / t
-    result["gibbs_sweeps"] = {
-        "node_size": args.node_size, "chains": args.chains,
-        "ours_sweeps_per_s": sweeps["torch"],
-        "reference_scheme_sweeps_per_s": sweeps["polyagamma"],
-        "ours_over_reference": sweeps["torch"] / sweeps["polyagamma"],
-    }
+            run()
+            sweeps[scheme] = n_sweeps / best_of(run, args.repeats)
+        row = {"node_size": size, "chains": args.chains,
+               "ours_sweeps_per_s": sweeps["torch"],
+               "reference_scheme_sweeps_per_s": sweeps["polyagamma"],
+               "ours_over_reference": sweeps["torch"] / sweeps["polyagamma"]}
+        result["gibbs_sweeps"].append(row)
+        print(json.dumps(row))
     result["machine"]["load_average_end"] = os.getloadavg()
-    print(json.dumps(result["gibbs_sweeps"]))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return result

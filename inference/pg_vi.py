@@ -88,8 +88,8 @@ class PGVI:
             L_mm = jitter_cholesky(batch.K_mm.detach(), name="K_mm")
             K_mb, k_bb = batch.K_mb.detach(), batch.k_bb.detach()
             q = natural_to_moments(NaturalParams(state.eta, state.H))
-            c_b = optimal_c(vi_marginals(L_mm, K_mb, k_bb, q))                     # eq. 16
             marg = vi_marginals(L_mm, K_mb, k_bb, q)
+            c_b = optimal_c(marg)                                                  # eq. 16
             target = natural_gradient_target(L_mm, marg, batch.kappa, c_b, batch.num_data)
             rho = self.learning_rate
             eta = state.eta + rho * (target.eta - state.eta)                         # eq. 17

@@ -30,9 +30,10 @@ with mixture weight ``p / (p + q)``, ``p = pi / (2K) exp(-K t)``,
 
 Vectorization: every element runs the same program under masks. A Python ``while`` loops over
 *rejection rounds* of the still-unaccepted elements only (each round is a handful of tensor
-operations on the whole array; PSW show the acceptance rate exceeds 0.9992, so almost every
-element is done after one round); the only value read on the host is the scalar
-``pending.any()`` that ends a loop. No element is ever copied to the host.
+operations on the pending elements; PSW show the acceptance rate exceeds 0.9992, so almost every
+element is done after one round); small pending sets draw several proposals per element in one
+round and keep the first accepted (the same sampler, fewer rounds). The only value read on the
+host is the size of the pending set that ends a loop. No element is ever copied to the host.
 
 Integer ``b > 1``: a sum of ``b`` independent ``PG(1, z)`` draws (PSW Sect. 2, the PG family is
 closed under convolution in b).
@@ -124,14 +125,32 @@ def _q_over_p(c: Tensor, t: float) -> Tensor:
 
 
 def _uniform(n: int, like: Tensor, generator) -> Tensor:
-    # open interval (0, 1): log(U) stays finite
-    u = torch.rand(n, dtype=like.dtype, device=like.device, generator=generator)
-    return u.clamp_min(torch.finfo(like.dtype).tiny)
+    """``U[0, 1)`` draws (compared against probabilities only; ``_exponential`` guards the log)."""
+    return torch.rand(n, dtype=like.dtype, device=like.device, generator=generator)
 
 
 def _exponential(n: int, like: Tensor, generator) -> Tensor:
-    # -log(U): on CPU about twice as fast as Tensor.exponential_ (measured, 1e6 draws)
-    return -torch.log(_uniform(n, like, generator))
+    # -log(U) on (0, 1): on CPU about twice as fast as Tensor.exponential_ (measured, 1e6 draws)
+    u = torch.rand(n, dtype=like.dtype, device=like.device, generator=generator)
+    return -torch.log(u.clamp_min(torch.finfo(like.dtype).tiny))
+
+
+def _candidates(n: int, first_round: bool) -> int:
+    """Proposals drawn per pending element in one rejection round: 1 in the first round (most
+    elements accept there), then up to 16 for the few left, where a round costs a fixed number of
+    tensor operations whatever its size; taking the first accepted of ``k`` independent
+    proposals is the same rejection sampler, so the draw stays exact."""
+    return 1 if first_round else max(1, min(16, 4096 // max(n, 1)))
+
+
+def _first_accepted(ok: Tensor, X: Tensor) -> tuple[Tensor, Tensor]:
+    """For ``ok, X (k, n)``: whether any of the k proposals of each element was accepted, and the
+    first accepted one (the k proposals are in draw order)."""
+    if ok.shape[0] == 1:
+        return ok[0], X[0]
+    any_ok = ok.any(0)
+    first = ok.to(torch.int8).argmax(0)
+    return any_ok, X.gather(0, first.unsqueeze(0)).squeeze(0)
 
 
 def _ig_large_mean(c: Tensor, t: float, generator) -> Tensor:
@@ -141,14 +160,19 @@ def _ig_large_mean(c: Tensor, t: float, generator) -> Tensor:
     out = torch.empty_like(c)
     idx = torch.arange(c.numel(), device=c.device)
     cc = c
+    first = True
     while idx.numel():
         n = idx.numel()
-        E = _exponential(n, cc, generator)
-        E2 = _exponential(n, cc, generator)
+        k = _candidates(n, first)
+        first = False
+        E = _exponential(k * n, cc, generator).reshape(k, n)
+        E2 = _exponential(k * n, cc, generator).reshape(k, n)
         X = t / (1.0 + t * E) ** 2
-        ok = (E * E <= 2.0 * E2 / t) & (_exponential(n, cc, generator) >= 0.5 * cc * cc * X)
-        out[idx[ok]] = X[ok]
-        idx, cc = idx[~ok], cc[~ok]
+        ok = (E * E <= 2.0 * E2 / t) & \
+            (_exponential(k * n, cc, generator).reshape(k, n) >= 0.5 * cc * cc * X)
+        done, Xd = _first_accepted(ok, X)
+        out[idx[done]] = Xd[done]
+        idx, cc = idx[~done], cc[~done]
     return out
 
 
@@ -158,15 +182,19 @@ def _ig_small_mean(c: Tensor, t: float, generator) -> Tensor:
     out = torch.empty_like(c)
     idx = torch.arange(c.numel(), device=c.device)
     mu = 1.0 / c
+    first = True
     while idx.numel():
         n = idx.numel()
-        Y = torch.randn(n, dtype=c.dtype, device=c.device, generator=generator) ** 2
+        k = _candidates(n, first)
+        first = False
+        Y = torch.randn(k * n, dtype=c.dtype, device=c.device, generator=generator).reshape(k, n) ** 2
         muY = mu * Y
         X = mu + 0.5 * mu * muY - 0.5 * mu * torch.sqrt(4.0 * muY + muY * muY)
-        X = torch.where(_uniform(n, c, generator) > mu / (mu + X), mu * mu / X, X)
-        ok = X <= t
-        out[idx[ok]] = X[ok]
-        idx, mu = idx[~ok], mu[~ok]
+        U = _uniform(k * n, c, generator).reshape(k, n)
+        X = torch.where(U > mu / (mu + X), mu * mu / X, X)
+        done, Xd = _first_accepted(X <= t, X)
+        out[idx[done]] = Xd[done]
+        idx, mu = idx[~done], mu[~done]
     return out
 
 
@@ -186,9 +214,10 @@ def _truncated_inverse_gaussian(c: Tensor, t: float, generator) -> Tensor:
 def _pg1(c: Tensor, generator) -> Tensor:
     """``J*(1, c) / 4`` for every element of ``c = |z| / 2`` (one draw each).
 
-    Each rejection round proposes for the pending elements, runs the alternating series on
-    them (the first two partial sums decide nearly all; later terms are evaluated only on the
-    elements they have not decided) and keeps the accepted draws."""
+    Each rejection round proposes for the pending elements (``k`` proposals each, see
+    :func:`_candidates`), runs the alternating series on them (the first two partial sums decide
+    nearly all; later terms are evaluated only on the proposals they have not decided) and keeps
+    the first accepted proposal of every element."""
     t = TRUNCATION
     shape = c.shape
     c = c.reshape(-1)
@@ -196,18 +225,23 @@ def _pg1(c: Tensor, generator) -> Tensor:
     idx = torch.arange(c.numel(), device=c.device)
     cc = c
     odds = _q_over_p(cc, t)
+    first = True
     while idx.numel():
         n = idx.numel()
-        K = _PI2_8 + 0.5 * cc * cc
-        X = t + _exponential(n, cc, generator) / K
+        k = _candidates(n, first)
+        first = False
+        ck = cc if k == 1 else cc.expand(k, n).reshape(-1)
+        ok_ = odds if k == 1 else odds.expand(k, n).reshape(-1)
+        K = _PI2_8 + 0.5 * ck * ck
+        X = t + _exponential(k * n, cc, generator) / K
         # exponential branch with probability p / (p + q) = 1 / (1 + q/p)
-        i_ig = torch.nonzero(_uniform(n, cc, generator) * (1.0 + odds) >= 1.0).squeeze(-1)
+        i_ig = torch.nonzero(_uniform(k * n, cc, generator) * (1.0 + ok_) >= 1.0).squeeze(-1)
         if i_ig.numel():
-            X[i_ig] = _truncated_inverse_gaussian(cc[i_ig], t, generator)
+            X[i_ig] = _truncated_inverse_gaussian(ck[i_ig], t, generator)
         # alternating series in units of a_0(X): S_n = sum_{k<=n} (-1)^k (2k+1) r^{k(k+1)},
         # r = exp(-g(X)); accept when U <= S_n (n odd), reject when U > S_n (n even)
         r = torch.exp(-_series_log_rate(X, t))
-        U = _uniform(n, cc, generator)
+        U = _uniform(k * n, cc, generator)
         r2 = r * r
         S1 = 1.0 - 3.0 * r2
         S2 = S1 + 5.0 * (r2 * r2 * r2)
@@ -216,9 +250,9 @@ def _pg1(c: Tensor, generator) -> Tensor:
         i_open = torch.nonzero(open_).squeeze(-1)
         if i_open.numel():
             accepted[i_open] = _series_tail(U[i_open], r[i_open], S2[i_open])
-        keep = accepted
-        out[idx[keep]] = 0.25 * X[keep]
-        rest = ~keep
+        done, Xd = _first_accepted(accepted.reshape(k, n), X.reshape(k, n))
+        out[idx[done]] = 0.25 * Xd[done]
+        rest = ~done
         idx, cc, odds = idx[rest], cc[rest], odds[rest]
     return out.reshape(shape)
 

@@ -87,11 +87,14 @@ def _cub_miniature(root, n_classes=6, per_class_train=8, per_class_test=4, dim=1
     scipy.io.savemat(root / "cub/res101.mat", {"features": np.asarray(feats).T,
                                                "labels": np.asarray(labels)[:, None],
                                                "image_files": fcell})
-    allidx = np.arange(1, n + 1)[:, None].astype(np.uint16)
-    scipy.io.savemat(root / "cub/att_splits.mat", {
-        "allclasses_names": ncell, "trainval_loc": allidx, "test_seen_loc": allidx[:1],
-        "test_unseen_loc": allidx[:1], "train_loc": allidx, "val_loc": allidx[:1]})
     per = per_class_train + per_class_test
+    rows = np.arange(n)
+    is_test = (rows % per) >= per_class_train
+    one_based = lambda m: (rows[m] + 1)[:, None].astype(np.uint16)
+    scipy.io.savemat(root / "cub/att_splits.mat", {
+        "allclasses_names": ncell, "trainval_loc": one_based(~is_test),
+        "test_seen_loc": one_based(is_test), "test_unseen_loc": one_based(is_test)[:0],
+        "train_loc": one_based(~is_test), "val_loc": one_based(is_test)[:1]})
 
     def rel(i):
         return "CUB_200_2011/images/" + "/".join(files[i].split("/")[-2:])
@@ -122,3 +125,11 @@ def test_cub_session_lists_protocol_on_a_miniature(tmp_data_root):
         "CUB_200_2011/images/999.None/none.jpg\n")
     with pytest.raises(ValueError, match="no feature row"):
         cub_session_lists_splits()
+
+
+def test_gptree_classes_on_cub_features_miniature(tmp_data_root):
+    _cub_miniature(tmp_data_root)
+    m = run_experiment("gptree-classes", out=tmp_data_root / "run", overrides={
+        "dataset": "cub", "class_counts": "[3]", "seeds": "1", "train_per_class": "6",
+        "vi": "false", "chain_counts": "[]", "methods": "gptree,sbm"})
+    assert m["summary"]["dataset"] == "cub" and m["summary"]["acc_gptree_3"] > 60.0
