@@ -22,7 +22,7 @@ def _node(n=12, seed=0):
     return X, y, params
 
 
-def _nuts_reference(K: np.ndarray, K_xs: np.ndarray, y: np.ndarray, num_samples=2000, chains=2):
+def _nuts_reference(K: np.ndarray, K_xs: np.ndarray, y: np.ndarray, num_samples=1000, chains=2):
     import jax
     import jax.numpy as jnp
     import numpyro
@@ -40,7 +40,7 @@ def _nuts_reference(K: np.ndarray, K_xs: np.ndarray, y: np.ndarray, num_samples=
         numpyro.deterministic("fs", Kxs.T @ jax.scipy.linalg.cho_solve((L, True), f))
         numpyro.sample("y", dist.Bernoulli(logits=f), obs=yj)
 
-    mcmc = MCMC(NUTS(model), num_warmup=500, num_samples=num_samples, num_chains=chains,
+    mcmc = MCMC(NUTS(model), num_warmup=300, num_samples=num_samples, num_chains=chains,
                 chain_method="sequential", progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0))
     from numpyro.diagnostics import effective_sample_size
