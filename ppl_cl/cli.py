@@ -35,7 +35,7 @@ def _parse_sets(items: list[str] | None) -> dict[str, str]:
 
 
 def _cmd_list(args) -> int:
-    from ppl_cl.experiments.base import registry
+    from ppl_cl.experiments import registry
 
     reg = registry()
     width = max(len(n) for n in reg) if reg else 10
@@ -48,7 +48,7 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from ppl_cl.experiments.base import run_experiment
+    from ppl_cl.experiments import run_experiment
 
     metrics = run_experiment(args.name, quick=args.quick, seed=args.seed, device=args.device,
                              out=args.out, overrides=_parse_sets(args.set),

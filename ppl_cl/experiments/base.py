@@ -34,19 +34,18 @@ import math
 import platform
 import shutil
 import time
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ppl_cl.configs import apply_overrides
 from ppl_cl.errors import ConfigError, DeviceError, Terminated
 from ppl_cl.persist import CheckpointError, atomic_write_text, load_tree, save_tree
 from ppl_cl.progress import progress, progress_enabled
 from ppl_cl.seeding import seed_everything
 
-__all__ = ["PaperNumber", "ExperimentSpec", "RunContext", "register", "get", "registry",
-           "build_config", "run_experiment", "ConfigError", "DeviceError", "Terminated"]
+__all__ = ["PaperNumber", "ExperimentSpec", "RunContext", "register", "build_config",
+           "run_spec", "registered_specs", "ConfigError", "DeviceError", "Terminated"]
 
 
 def _check_device(device: str) -> str:
@@ -88,6 +87,12 @@ class ExperimentSpec:
 _REGISTRY: dict[str, ExperimentSpec] = {}
 
 
+def registered_specs() -> dict[str, ExperimentSpec]:
+    """The experiments registered so far (``ppl_cl.experiments.registry()`` imports every
+    experiment module first)."""
+    return dict(_REGISTRY)
+
+
 def register(name: str, config_cls: type, *, quick: dict[str, Any] | None = None,
              headline: bool = False, paper: dict[str, PaperNumber] | None = None,
              description: str = "") -> Callable:
@@ -95,7 +100,7 @@ def register(name: str, config_cls: type, *, quick: dict[str, Any] | None = None
     if not dataclasses.is_dataclass(config_cls):
         raise TypeError(f"{name}: config_cls must be a dataclass")
     field_names = {f.name for f in dataclasses.fields(config_cls)}
-    bad = set(quick or {}) - field_names
+    bad = {k.partition(".")[0] for k in (quick or {})} - field_names
     if bad:
         raise TypeError(f"{name}: quick overrides name unknown fields {sorted(bad)}")
 
@@ -110,76 +115,17 @@ def register(name: str, config_cls: type, *, quick: dict[str, Any] | None = None
     return deco
 
 
-def registry() -> dict[str, ExperimentSpec]:
-    import ppl_cl.experiments  # noqa: F401  (registers every experiment module)
-
-    return dict(_REGISTRY)
-
-
-def get(name: str) -> ExperimentSpec:
-    reg = registry()
-    if name not in reg:
-        raise ConfigError(f"unknown experiment {name!r}; `ppl-cl list` shows: {', '.join(sorted(reg))}")
-    return reg[name]
-
-
-# ---------------------------------------------------------------------------------------------
-# config building
-# ---------------------------------------------------------------------------------------------
-def _parse_value(text: str, typ: Any, key: str) -> Any:
-    origin = typing.get_origin(typ)
-    args = typing.get_args(typ)
-    if origin in (typing.Union, types.UnionType):
-        non_none = [a for a in args if a is not type(None)]
-        if text.lower() in ("none", "null"):
-            return None
-        return _parse_value(text, non_none[0], key)
-    try:
-        if typ is bool:
-            low = text.strip().lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(text)
-        if typ is int:
-            return int(text)
-        if typ is float:
-            return float(text)
-        if typ is str:
-            return text
-        if origin in (tuple, list) or typ in (tuple, list):
-            try:
-                val = json.loads(text)
-            except json.JSONDecodeError:
-                # shell-friendly forms: a,b,c  [a,b,c]  [a, 'b']  (no JSON quoting needed)
-                body = text.strip()
-                if body.startswith("[") and body.endswith("]"):
-                    body = body[1:-1]
-                val = [v.strip().strip("'\"") for v in body.split(",")]
-                val = [v for v in val if v != ""]
-            if not isinstance(val, list):
-                val = [val]
-            inner = args[0] if args and args[0] is not Ellipsis else None
-            if inner in (int, float, str):
-                val = [inner(v) for v in val]
-            return tuple(val) if (origin is tuple or typ is tuple) else list(val)
-        return json.loads(text)
-    except (ValueError, TypeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"--set {key}={text}: cannot read {text!r} as {typ}") from exc
-
-
 def build_config(spec: ExperimentSpec, quick: bool = False,
-                 overrides: dict[str, str] | None = None) -> Any:
-    """The config dataclass: full defaults, then ``quick`` overrides, then ``--set`` strings."""
-    hints = typing.get_type_hints(spec.config_cls)
-    names = [f.name for f in dataclasses.fields(spec.config_cls)]
-    values: dict[str, Any] = dict(spec.quick) if quick else {}
-    for key, text in (overrides or {}).items():
-        if key not in names:
-            raise ConfigError(f"{spec.name}: unknown config key {key!r}; keys: {', '.join(names)}")
-        values[key] = _parse_value(text, hints[key], key) if isinstance(text, str) else text
-    return spec.config_cls(**values)
+                 overrides: dict[str, Any] | None = None) -> Any:
+    """The config dataclass: full defaults, then ``quick`` overrides, then ``--set`` strings
+    (dotted keys reach into the learner config: ``learner.beta=10``;
+    :func:`ppl_cl.configs.apply_overrides`)."""
+    config = spec.config_cls()
+    if quick and spec.quick:
+        config = apply_overrides(config, spec.quick, where=spec.name)
+    if overrides:
+        config = apply_overrides(config, overrides, where=spec.name)
+    return config
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,10 +150,6 @@ class RunContext:
     resume: bool = False
     #: what a checkpoint must match to be resumed from (experiment, seed, quick, config)
     fingerprint: dict[str, Any] = field(default_factory=dict)
-    #: the config this version builds without overrides: a config field that a checkpoint
-    #: predates matches when it is at this default (options are added with defaults that keep
-    #: the earlier behaviour)
-    config_defaults: dict[str, Any] = field(default_factory=dict)
     #: seconds between the snapshots an experiment saves *within* a long unit of work (the
     #: VAR-GP streams: within a task), so that a run stopped mid-task loses at most this much
     checkpoint_every_s: float = 600.0
@@ -242,12 +184,6 @@ class RunContext:
             return None
         tree, meta = load_tree(path)
         mine, theirs = _jsonable(self.fingerprint), dict(meta.get("run", {}))
-        if isinstance(mine.get("config"), dict) and isinstance(theirs.get("config"), dict):
-            theirs["config"] = {**{k: v for k, v in mine["config"].items()
-                                   if k not in theirs["config"]
-                                   and k in self.config_defaults
-                                   and self.config_defaults[k] == v},
-                                **theirs["config"]}
         if mine != theirs:
             diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
             if "config" in diff:
@@ -334,11 +270,12 @@ def _check_summary(name: str, metrics: Any) -> None:
                             f"{type(v).__name__}")
 
 
-def run_experiment(name: str, *, quick: bool = False, seed: int = 0, device: str = "cpu",
+def run_spec(spec: ExperimentSpec, *, quick: bool = False, seed: int = 0, device: str = "cpu",
                    out: str | Path | None = None, overrides: dict[str, str] | None = None,
                    data_dir: str | None = None, show_progress: bool | None = None,
                    resume: bool = False, checkpoint_every_s: float = 600.0) -> dict:
-    """Run experiment ``name`` and write its run folder; returns the metrics dict.
+    """Run the experiment of ``spec`` and write its run folder; returns the metrics dict
+    (``ppl_cl.experiments.run_experiment(name, ...)`` looks the spec up by name).
 
     With ``resume=True`` an experiment that checkpoints its units of work (the VAR-GP streams
     do, after every task of every variant) continues from the checkpoints a stopped run with
@@ -349,8 +286,8 @@ def run_experiment(name: str, *, quick: bool = False, seed: int = 0, device: str
     if not checkpoint_every_s >= 0:
         raise ConfigError(f"checkpoint_every_s: expected >= 0 seconds, received "
                           f"{checkpoint_every_s!r}")
-    spec = get(name)
     _check_device(device)
+    name = spec.name
     config = build_config(spec, quick=quick, overrides=overrides)
     out_dir = Path(out) if out is not None else Path("runs") / name
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -358,8 +295,7 @@ def run_experiment(name: str, *, quick: bool = False, seed: int = 0, device: str
                      show_progress=show_progress, data_dir=data_dir, resume=resume,
                      checkpoint_every_s=float(checkpoint_every_s),
                      fingerprint={"experiment": name, "seed": seed, "quick": quick,
-                                  "config": _jsonable(config)},
-                     config_defaults=_jsonable(build_config(spec, quick=quick)))
+                                  "config": _jsonable(config)})
     if not resume:
         shutil.rmtree(out_dir / CHECKPOINT_DIR, ignore_errors=True)
         (out_dir / "progress.log").unlink(missing_ok=True)

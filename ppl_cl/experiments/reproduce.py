@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ppl_cl.data.root import MissingDataError
-from ppl_cl.experiments.base import registry, run_experiment
+from ppl_cl.experiments import registry, run_experiment
 from ppl_cl.persist import atomic_write_text
 
 __all__ = ["reproduce", "aggregate_summaries", "collect"]
