@@ -41,11 +41,8 @@ Ablations (Sect. 5.3, App. B.1) are options of the same program:
 * ``guide="global"`` — one set of inducing points at a time (App. B.1, eq. 16): the model draws
   ``u_t ~ p(u_t | theta)`` and adds the factor ``previous_posterior`` =
   ``E_{p(u_{t-1} | u_t, theta)}[log q(u_{t-1}) - log p(u_{t-1} | theta)]``;
-* ``hyperparameters="point"`` — the "MLE hypers" ablation: ``theta`` is a ``pyro.param`` of the
-  model (no KL term for it in eq. 5 or eq. 8), carried over from task to task;
-* ``hyperparameters="fixed"`` — a diagnostic, not a row of Table 1: ``theta`` is a constant (its
-  initial value) that no task trains, which isolates the forgetting caused by moving
-  hyperparameters (the paper's remark (ii) in Sect. 4.3: old ``q(u_j)`` change through ``theta``).
+* hyperparameters given as :class:`PointHyperparameters` — the "MLE hypers" ablation:
+  ``theta`` is a ``pyro.param`` of the model (no KL term for it in eq. 5 or eq. 8).
 
 Print the program with ``pyro.poutine.trace(m.model).get_trace(x, y).format_shapes()``.
 """
@@ -64,19 +61,19 @@ from torch import Tensor
 
 from models.kernels_torch import squared_distance
 from models.linalg_torch import jitter_cholesky
-from models.vargp_math import (HyperPosterior, InducingSet, autoregressive_joint,
-                               concat_inducing_inputs,
-                               conditional_prior_mean, f_marginals, previous_posterior_term,
-                               prior_cholesky, task_slices, whitened_posterior)
+from models.vargp_math import (HyperPosterior, Hyperparameters, InducingSet,
+                               PointHyperparameters, autoregressive_joint,
+                               concat_inducing_inputs, conditional_prior_mean, f_marginals,
+                               mc_softmax, previous_posterior_term, prior_cholesky, sample_f,
+                               task_slices, whitened_posterior)
 
 __all__ = ["VARGPModel", "SoftmaxLikelihood", "GaussianLikelihood", "GUIDES",
-           "HYPERPARAMETER_MODES", "init_inducing_set", "standard_hyper_prior",
-           "predictive_probabilities", "f_marginals_of_state", "posterior_factors", "prior_conditional_scale_tril",
-           "median_heuristic_theta", "carry_forward_global_set",
-           "InducingSet", "HyperPosterior"]
+           "init_inducing_set", "standard_hyper_prior", "predictive_probabilities",
+           "f_marginals_of_state", "posterior_factors", "prior_conditional_scale_tril",
+           "median_heuristic_theta", "carry_forward_global_set", "task_program", "InducingSet",
+           "HyperPosterior", "PointHyperparameters", "Hyperparameters"]
 
 GUIDES = ("autoregressive", "block_diagonal", "global")
-HYPERPARAMETER_MODES = ("variational", "point", "fixed")
 MAX_PLATE_NESTING = 3  # theta_samples (-3), f_samples (-2), classes / data (-1)
 
 
@@ -101,9 +98,7 @@ class SoftmaxLikelihood:
 
     def __call__(self, f_loc: Tensor, f_var: Tensor, y: Tensor | None) -> Tensor:
         S_f = self.num_f_samples
-        eps = torch.randn(f_loc.shape[0], S_f, *f_loc.shape[2:], dtype=f_loc.dtype,
-                          device=f_loc.device)
-        f = f_loc + f_var.sqrt() * eps                                  # (S, S_f, B, K)
+        f = sample_f(f_loc, f_var, S_f)                                 # (S, S_f, B, K)
         with pyro.plate("f_samples", S_f, dim=-2), poutine.scale(scale=1.0 / S_f):
             return pyro.sample("y", dist.Categorical(logits=f), obs=y)
 
@@ -292,17 +287,15 @@ class VARGPModel:
         init: initial values of the current task's ``Z_t, m_t, L_t`` (e.g.
             :func:`init_inducing_set`).
         hyper_prior: ``q_{t-1}(theta)`` (``None``: ``N(0, I)``; unused for point hypers).
-        hyper_init: initial ``q_t(theta)`` (:class:`HyperPosterior`) or, for
-            ``hyperparameters="point"``, the initial ``theta`` tensor ``(H, D+1)``; width 2
-            (``[log gamma, log l]``) gives the isotropic kernel.
+        hyper_init: initial hyperparameters, whose type is the choice of Table 1's rows: a
+            :class:`HyperPosterior` (``q_t(theta)``, VAR-GP) or a :class:`PointHyperparameters`
+            (the "MLE Hypers" ablation); width 2 (``[log gamma, log l]``) gives the isotropic
+            kernel. None: ``q(theta) = N(0, I)``.
         guide: ``"autoregressive"`` (VAR-GP), ``"block_diagonal"`` or ``"global"``.
-        hyperparameters: ``"variational"`` (q(theta)), ``"point"`` (MLE ablation) or ``"fixed"``
-            (``hyper_init`` as a constant theta; diagnostic).
         likelihood: :class:`SoftmaxLikelihood` (default) or :class:`GaussianLikelihood`.
         beta: KL tempering factor of ``KL[q_t(theta) || q_{t-1}(theta)]`` (Sect. 4.2).
         num_theta_samples: S draws of theta per ELBO evaluation (ref: 3); 1 for point hypers.
         jitter: ``K_ZZ + jitter * gamma * I`` everywhere (part of the model).
-        learn_inducing_inputs: optimize ``Z_t`` (Algorithm 1 does).
 
     Parameters (``pyro.param`` names) of the current task: ``inducing_inputs`` ``(Kz, M, D)``,
     ``inducing_mean`` ``(K, M)``, ``inducing_scale_tril`` ``(K, M, M)`` (softplus diagonal,
@@ -311,15 +304,11 @@ class VARGPModel:
 
     def __init__(self, *, num_classes: int, past: Sequence[InducingSet], init: InducingSet,
                  hyper_prior: HyperPosterior | None = None,
-                 hyper_init: HyperPosterior | Tensor | None = None,
-                 guide: str = "autoregressive", hyperparameters: str = "variational",
-                 likelihood=None, beta: float = 1.0, num_theta_samples: int = 3,
-                 jitter: float = 1e-6, learn_inducing_inputs: bool = True):
+                 hyper_init: Hyperparameters | None = None,
+                 guide: str = "autoregressive", likelihood=None, beta: float = 1.0,
+                 num_theta_samples: int = 3, jitter: float = 1e-6):
         if guide not in GUIDES:
             raise ValueError(f"guide: expected one of {GUIDES}, received {guide!r}")
-        if hyperparameters not in HYPERPARAMETER_MODES:
-            raise ValueError(f"hyperparameters: expected one of {HYPERPARAMETER_MODES}, "
-                             f"received {hyperparameters!r}")
         if guide == "global" and len(past) > 1:
             raise ValueError("guide='global' keeps one previous inducing set, received "
                              f"{len(past)}")
@@ -332,28 +321,22 @@ class VARGPModel:
         self.init = init.detach()
         self.input_dim = int(init.inducing_inputs.shape[-1])
         self.guide_structure = guide
-        self.hyperparameters = hyperparameters
         self.likelihood = likelihood if likelihood is not None else SoftmaxLikelihood()
         if getattr(self.likelihood, "num_outputs", None) not in (None, self.num_classes):
             raise ValueError(f"likelihood has {self.likelihood.num_outputs} output(s) but "
                              f"num_classes={self.num_classes}")
         self.beta = float(beta)
-        self.num_theta_samples = 1 if hyperparameters != "variational" else int(num_theta_samples)
         self.jitter = float(jitter)
-        self.learn_inducing_inputs = bool(learn_inducing_inputs)
         dtype, device = init.mean.dtype, init.mean.device
         if hyper_init is None:
-            hyper_init = (standard_hyper_prior(1, self.input_dim, dtype, device)
-                          if hyperparameters == "variational"
-                          else torch.zeros(1, self.input_dim + 1, dtype=dtype, device=device))
-        if hyperparameters == "variational" and not isinstance(hyper_init, HyperPosterior):
-            raise TypeError("hyper_init: expected a HyperPosterior for variational hypers")
-        if hyperparameters != "variational" and isinstance(hyper_init, HyperPosterior):
-            hyper_init = hyper_init.loc
-        self.hyper_init = (hyper_init.detach() if isinstance(hyper_init, HyperPosterior)
-                           else hyper_init.detach().clone())
-        H, width = (self.hyper_init.loc if isinstance(self.hyper_init, HyperPosterior)
-                    else self.hyper_init).shape
+            hyper_init = standard_hyper_prior(1, self.input_dim, dtype, device)
+        if not isinstance(hyper_init, (HyperPosterior, PointHyperparameters)):
+            raise TypeError(f"hyper_init: expected a HyperPosterior or PointHyperparameters, "
+                            f"received {type(hyper_init).__name__}")
+        self.hyper_init = hyper_init.detach()
+        self.point = isinstance(self.hyper_init, PointHyperparameters)
+        self.num_theta_samples = 1 if self.point else int(num_theta_samples)
+        H, width = self.hyper_init.mean.shape
         if width not in (self.input_dim + 1, 2):
             raise ValueError(f"hyper_init: expected {self.input_dim + 1} (ARD) or 2 (isotropic) "
                              f"log-hyperparameters per set, received {width}")
@@ -368,8 +351,7 @@ class VARGPModel:
     # -- parameters of the current task ------------------------------------------------------
     def current_set(self) -> InducingSet:
         """``(Z_t, m_t, L_t)`` from the param store (created from ``init`` on first use)."""
-        Z = (pyro.param("inducing_inputs", self.init.inducing_inputs.clone())
-             if self.learn_inducing_inputs else self.init.inducing_inputs)
+        Z = pyro.param("inducing_inputs", self.init.inducing_inputs.clone())
         m = pyro.param("inducing_mean", self.init.mean.clone())
         L = pyro.param("inducing_scale_tril", self.init.scale_tril.clone(),
                        constraint=constraints.softplus_lower_cholesky)
@@ -383,10 +365,8 @@ class VARGPModel:
     def _theta(self, role: str) -> tuple[Tensor, Tensor]:
         """Sample (or look up) theta; returns the site value (the cache key) and theta as
         ``(S, 1, H, D+1)``."""
-        if self.hyperparameters == "fixed":
-            return self.hyper_init, self.hyper_init.expand(1, 1, *self.hyper_init.shape)
-        if self.hyperparameters == "point":
-            theta = pyro.param("theta", self.hyper_init.clone())
+        if self.point:
+            theta = pyro.param("theta", self.hyper_init.theta.clone())
             return theta, theta.expand(1, 1, *theta.shape)
         if role == "model":
             fn = dist.Normal(self.hyper_prior.loc, self.hyper_prior.scale)
@@ -510,37 +490,80 @@ class VARGPModel:
         return f_marginals(theta, x, [s.inducing_inputs for s in sets], L, v_bar, factors)
 
     # -- reading the result ------------------------------------------------------------------
-    def current_hyper(self) -> HyperPosterior | Tensor:
-        """``q_t(theta)`` (or the point theta) from the param store, detached."""
-        if self.hyperparameters == "fixed":
-            return self.hyper_init.clone()
-        if self.hyperparameters == "point":
-            return pyro.param("theta", self.hyper_init.clone()).detach().clone()
-        return HyperPosterior(
-            pyro.param("theta_loc", self.hyper_init.loc.clone()).detach().clone(),
-            pyro.param("theta_scale", self.hyper_init.scale.clone(),
-                       constraint=constraints.positive).detach().clone())
+    def state_from_params(self, params: dict[str, Tensor]
+                          ) -> tuple[list[InducingSet], Hyperparameters]:
+        """The inducing sets entering prediction (past + current, or the current one for the
+        global guide) and the hyperparameters, from the constrained values of this program's
+        parameters (``inference.svi.SVI.constrained``), detached."""
+        current = InducingSet(params["inducing_inputs"], params["inducing_mean"],
+                              params["inducing_scale_tril"]).detach()
+        sets = [current] if self.guide_structure == "global" else [*self.past, current]
+        if self.point:
+            hyper: Hyperparameters = PointHyperparameters(params["theta"]).detach()
+        else:
+            hyper = HyperPosterior(params["theta_loc"], params["theta_scale"]).detach()
+        return sets, hyper
 
-    def current_state(self) -> tuple[list[InducingSet], HyperPosterior | Tensor]:
-        """The inducing sets entering prediction (past + current, or only current for global)
-        and the hyperparameters, detached from the param store."""
-        with torch.no_grad():
-            sets = [s.detach() for s in self.sets()]
-        return sets, self.current_hyper()
+
+def task_program(x: Tensor, previous_sets: Sequence[InducingSet],
+                 previous_hyper: Hyperparameters | None, *, num_classes: int, num_inducing: int,
+                 guide: str = "autoregressive", point_hyperparameters: bool = False,
+                 beta: float = 1.0, num_theta_samples: int = 3, num_f_samples: int = 10,
+                 theta_init_scale: float = 1.0, ard: bool = True,
+                 scale_tril_init: str = "prior", global_init: str = "task",
+                 jitter: float = 1e-6, task: int = 1,
+                 inducing_generator: torch.Generator | None = None,
+                 theta_generator: torch.Generator | None = None) -> VARGPModel:
+    """The program of the next task given the state after the tasks before it (Algorithm 1,
+    line 1: the new task's inducing set and hyperparameters start here).
+
+    * hyperparameters: ``q_{t-1}(theta)`` (or the point theta) carried on; at the first task
+      :func:`median_heuristic_theta` for the mean and ``theta_init_scale`` times the prior's
+      scale (1) for ``q_1(theta)``;
+    * inducing set: :func:`init_inducing_set` (a random subset of the task's inputs per class,
+      ``m_t = 0``) with ``L_t`` the prior conditional's Cholesky factor
+      (:func:`prior_conditional_scale_tril`, ``scale_tril_init="prior"``) or ``I``
+      (``"identity"``); for the global guide with ``global_init="previous"`` at a later task,
+      :func:`carry_forward_global_set` (``round(M (t-1) / t)`` old inducing inputs kept).
+
+    Args:
+        x: the task's inputs ``(N, D)``.
+        previous_sets: inducing sets of tasks ``1..t-1`` (the one set of the global guide).
+        previous_hyper: their hyperparameters (None at the first task).
+        point_hyperparameters: the "MLE Hypers" ablation (theta a point).
+        task: the task's index t (1-based).
+        inducing_generator, theta_generator: CPU generators of the inducing inputs' and the
+            median heuristic's subsets (explicit seeds).
+    """
+    K, M, t = int(num_classes), int(num_inducing), int(task)
+    past = list(previous_sets[-1:]) if guide == "global" else list(previous_sets)
+    if previous_hyper is not None:
+        hyper: Hyperparameters = previous_hyper
+    else:
+        prior = standard_hyper_prior(1, x.shape[1] if ard else 1, x.dtype, x.device)
+        loc = median_heuristic_theta(x, 1, generator=theta_generator, ard=ard)
+        hyper = PointHyperparameters(loc) if point_hyperparameters else \
+            HyperPosterior(loc, prior.scale * theta_init_scale)
+    if guide == "global" and global_init == "previous" and past:
+        init = carry_forward_global_set(x, past[0], hyper.mean, M, keep=round(M * (t - 1) / t),
+                                        jitter=jitter, generator=inducing_generator)
+    else:
+        init = init_inducing_set(x, K, M, generator=inducing_generator)
+        if scale_tril_init == "prior":
+            init = init._replace(scale_tril=prior_conditional_scale_tril(
+                hyper.mean, [] if guide == "global" else past, init.inducing_inputs, K,
+                jitter))
+    return VARGPModel(num_classes=K, past=past, init=init,
+                      hyper_prior=previous_hyper if isinstance(previous_hyper, HyperPosterior)
+                      else None,
+                      hyper_init=hyper, guide=guide,
+                      likelihood=SoftmaxLikelihood(num_f_samples), beta=beta,
+                      num_theta_samples=num_theta_samples, jitter=jitter)
 
 
 # ---------------------------------------------------------------------------------------------
 # prediction (App. A.1)
 # ---------------------------------------------------------------------------------------------
-def _theta_draws(hyper: HyperPosterior | Tensor, num_samples: int,
-                 generator: torch.Generator | None) -> Tensor:
-    if not isinstance(hyper, HyperPosterior):
-        return hyper.expand(1, 1, *hyper.shape)
-    eps = torch.randn((num_samples, 1, *hyper.loc.shape), generator=generator,
-                      dtype=hyper.loc.dtype).to(hyper.loc.device)
-    return hyper.loc + hyper.scale * eps
-
-
 def posterior_factors(theta: Tensor, sets: Sequence[InducingSet], *,
                       guide: str = "autoregressive", jitter: float = 1e-6
                       ) -> tuple[Tensor, Tensor, Tensor, list]:
@@ -567,7 +590,7 @@ def f_marginals_of_state(inputs: Tensor, sets: Sequence[InducingSet], theta: Ten
 
 @torch.no_grad()
 def predictive_probabilities(inputs: Tensor, sets: Sequence[InducingSet],
-                             hyper: HyperPosterior | Tensor,
+                             hyper: Hyperparameters,
                              *, guide: str = "autoregressive", jitter: float = 1e-6,
                              num_theta_samples: int = 10, num_f_samples: int = 10,
                              generator: torch.Generator | None = None,
@@ -586,7 +609,7 @@ def predictive_probabilities(inputs: Tensor, sets: Sequence[InducingSet],
         ``(B, K)`` class probabilities.
     """
     x, sets = inputs, list(sets)
-    theta = _theta_draws(hyper, num_theta_samples, generator)
+    theta = hyper.draws(num_theta_samples, generator)
     S = theta.shape[0]
     K = sets[-1].mean.shape[0]
     M = sum(s.num_inducing for s in sets)
@@ -596,9 +619,6 @@ def predictive_probabilities(inputs: Tensor, sets: Sequence[InducingSet],
     for start in range(0, x.shape[0], chunk):
         xb = x[start:start + chunk]
         f_loc, f_var = f_marginals(theta, xb, Z, L, v_bar, factors)    # (S, 1, K, b)
-        eps = torch.randn((S, num_f_samples, *f_loc.shape[2:]), generator=generator,
-                          dtype=f_loc.dtype).to(f_loc.device)
-        f = f_loc + f_var.sqrt() * eps                                   # (S, S_f, K, b)
-        probs = torch.softmax(f, dim=-2).mean(dim=(0, 1))               # (K, b)
+        probs = mc_softmax(f_loc, f_var, num_f_samples, generator).mean(0)   # (K, b)
         out.append(probs.transpose(0, 1))
     return torch.cat(out, dim=0) if out else x.new_zeros(0, K)

@@ -86,7 +86,8 @@ from torch import Tensor
 from models.kernels_torch import SquaredExponential, cat_rows
 from models.linalg_torch import jitter_cholesky, symmetrize
 
-__all__ = ["InducingSet", "HyperPosterior", "kernel_from_theta", "cross_covariance",
+__all__ = ["InducingSet", "HyperPosterior", "PointHyperparameters", "Hyperparameters",
+           "sample_f", "mc_softmax", "kernel_from_theta", "cross_covariance",
            "concat_inducing_inputs",
            "task_slices", "prior_cholesky", "conditional_prior_mean", "autoregressive_joint",
            "whitened_posterior", "f_marginals", "gaussian_kl", "autoregressive_kl",
@@ -132,12 +133,78 @@ class HyperPosterior(NamedTuple):
     loc: Tensor
     scale: Tensor
 
+    @property
+    def mean(self) -> Tensor:
+        """``E[theta] = loc``, ``(H, D + 1)``."""
+        return self.loc
+
+    def draws(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
+        """``num_samples`` reparameterized draws ``loc + scale * eps``, ``(S, 1, H, D + 1)``
+        (the layout of the module docstring); ``eps`` from ``generator`` (CPU) when given."""
+        eps = torch.randn((num_samples, 1, *self.loc.shape), generator=generator,
+                          dtype=self.loc.dtype).to(self.loc.device)
+        return self.loc + self.scale * eps
+
     def detach(self) -> "HyperPosterior":
         return HyperPosterior(self.loc.detach().clone(), self.scale.detach().clone())
 
     def to(self, device=None, dtype=None) -> "HyperPosterior":
         return HyperPosterior(self.loc.to(device=device, dtype=dtype),
                               self.scale.to(device=device, dtype=dtype))
+
+
+class PointHyperparameters(NamedTuple):
+    """A point value of the log-hyperparameters (the "MLE Hypers" ablation of Table 1: theta
+    a parameter of the model, no KL term).
+
+    Attributes:
+        theta: shape ``(H, D + 1)``.
+    """
+
+    theta: Tensor
+
+    @property
+    def mean(self) -> Tensor:
+        return self.theta
+
+    @property
+    def scale(self) -> Tensor:
+        """0: a point has no spread (for summaries beside :class:`HyperPosterior`)."""
+        return torch.zeros_like(self.theta)
+
+    def draws(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
+        """The point itself, ``(1, 1, H, D + 1)`` (every draw is the same)."""
+        return self.theta.expand(1, 1, *self.theta.shape)
+
+    def detach(self) -> "PointHyperparameters":
+        return PointHyperparameters(self.theta.detach().clone())
+
+    def to(self, device=None, dtype=None) -> "PointHyperparameters":
+        return PointHyperparameters(self.theta.to(device=device, dtype=dtype))
+
+
+#: the hyperparameters of a VAR-GP state: a distribution over theta or a point
+Hyperparameters = HyperPosterior | PointHyperparameters
+
+
+def sample_f(f_loc: Tensor, f_var: Tensor, num_samples: int,
+             generator: torch.Generator | None = None) -> Tensor:
+    """``num_samples`` draws of ``f ~ N(f_loc, f_var)`` per theta draw: inputs
+    ``(S, 1, ...)``, output ``(S, num_samples, ...)`` (``eps`` from ``generator`` when given,
+    else from torch's generator, as inside a Pyro program)."""
+    shape = (f_loc.shape[0], num_samples, *f_loc.shape[2:])
+    if generator is None:
+        eps = torch.randn(shape, dtype=f_loc.dtype, device=f_loc.device)
+    else:
+        eps = torch.randn(shape, generator=generator, dtype=f_loc.dtype).to(f_loc.device)
+    return f_loc + f_var.sqrt() * eps
+
+
+def mc_softmax(f_loc: Tensor, f_var: Tensor, num_f_samples: int,
+               generator: torch.Generator | None = None) -> Tensor:
+    """``E_{q(f | theta)} softmax(f)`` by ``num_f_samples`` draws per theta draw (App. A.1):
+    ``f_loc, f_var (S, 1, K, B)`` -> ``(S, K, B)`` (classes on axis -2)."""
+    return torch.softmax(sample_f(f_loc, f_var, num_f_samples, generator), dim=-2).mean(1)
 
 
 def kernel_from_theta(theta: Tensor) -> SquaredExponential:

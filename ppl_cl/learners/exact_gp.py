@@ -98,7 +98,7 @@ class ExactGP(Learner):
         import jax.numpy as jnp
 
         from inference.type2ml import fit_type2ml
-        from models.exact_gp import GPRegressionParams, log_marginal_likelihood
+        from models.exact_gp import GPRegressionParams, negative_log_marginal_likelihood
 
         check_batch(batch).validate(input_dim=self.input_dim, regression=True)
         x_new = as_numpy(batch.x).astype(np.float64)
@@ -114,7 +114,7 @@ class ExactGP(Learner):
             floor = GPRegressionParams(  # no floors on kernel hyperparameters, one on the noise
                 kernel=jax.tree_util.tree_map(lambda _: 0.0, params.kernel),
                 noise_variance=self.config.min_noise_variance)
-            result = fit_type2ml(lambda p: -log_marginal_likelihood(p, Xj, yj), params,
+            result = fit_type2ml(negative_log_marginal_likelihood, params, data=(Xj, yj),
                                  lower_bounds=floor, max_iterations=self.config.max_iterations)
             params = result.params
             record.update(log_marginal_likelihood=-result.value,
