@@ -13,7 +13,8 @@ import pytest
 import torch
 from pyro.infer import TraceMeanField_ELBO
 
-from models.vargp import (GaussianLikelihood, HyperPosterior, InducingSet, SoftmaxLikelihood,
+from models.vargp import (GaussianLikelihood, HyperPosterior, InducingSet, PointHyperparameters,
+                          SoftmaxLikelihood,
                           VARGPModel, carry_forward_global_set, f_marginals_of_state,
                           init_inducing_set, predictive_probabilities)
 from models.vargp_math import (autoregressive_joint, autoregressive_kl,
@@ -84,9 +85,9 @@ def test_elbo_equals_exact_log_marginal_likelihood_in_the_limit(guide):
 
     init = InducingSet(X[None].clone(), mean[None].clone(),
                        torch.linalg.cholesky(cov)[None].clone())
-    model = VARGPModel(num_classes=1, past=[], init=init, hyper_init=theta, guide=guide,
-                       hyperparameters="point", likelihood=GaussianLikelihood(noise), jitter=0.0,
-                       learn_inducing_inputs=False)
+    model = VARGPModel(num_classes=1, past=[], init=init,
+                       hyper_init=PointHyperparameters(theta), guide=guide,
+                       likelihood=GaussianLikelihood(noise), jitter=0.0)
     elbo = _elbo(model, X, y)
     # a single particle: the bound has no Monte Carlo error here (analytic KL, exact expectation)
     assert torch.allclose(elbo, exact, rtol=0, atol=1e-8), (float(elbo), float(exact))
@@ -228,9 +229,11 @@ def _two_task_model(guide, gen, K=2, D=2, hyperparameters="point"):
     past = [_random_set(K, 3, D, gen=gen)]
     cur = _random_set(K, 4, D, shift=0.4, gen=gen)
     theta = 0.2 * torch.randn(1, D + 1, generator=gen, dtype=DT)
-    model = VARGPModel(num_classes=K, past=past, init=cur, hyper_init=theta, guide=guide,
-                       hyperparameters=hyperparameters, likelihood=GaussianLikelihood(1.0)
-                       if K == 1 else SoftmaxLikelihood(2), jitter=1e-6)
+    hyper = PointHyperparameters(theta) if hyperparameters == "point" else \
+        HyperPosterior(theta, 0.1 + 0 * theta)
+    model = VARGPModel(num_classes=K, past=past, init=cur, hyper_init=hyper, guide=guide,
+                       likelihood=GaussianLikelihood(1.0) if K == 1 else SoftmaxLikelihood(2),
+                       jitter=1e-6)
     return model, past, cur, theta
 
 
@@ -305,7 +308,9 @@ def test_gradients_flow_only_into_the_current_task(hyperparameters):
     past = [_random_set(K, 3, D, gen=gen, shift=s) for s in (0.0, 1.0)]
     leaves = [InducingSet(*(t.clone().requires_grad_(True) for t in p)) for p in past]
     cur = _random_set(K, 4, D, gen=gen, shift=2.0)
-    model = VARGPModel(num_classes=K, past=leaves, init=cur, hyperparameters=hyperparameters,
+    hyper = None if hyperparameters == "variational" else PointHyperparameters(
+        torch.zeros(1, D + 1, dtype=DT))
+    model = VARGPModel(num_classes=K, past=leaves, init=cur, hyper_init=hyper,
                        jitter=1e-6, likelihood=SoftmaxLikelihood(3))
     x = torch.randn(10, D, generator=gen, dtype=DT)
     y = torch.randint(0, K, (10,), generator=gen)
@@ -329,8 +334,8 @@ def test_gradients_flow_only_into_the_current_task(hyperparameters):
 # ---------------------------------------------------------------------------------------------
 def _deterministic_elbo(guide, past, cur, theta, x, y, likelihood=None):
     pyro.clear_param_store()
-    model = VARGPModel(num_classes=cur.mean.shape[0], past=past, init=cur, hyper_init=theta,
-                       guide=guide, hyperparameters="point",
+    model = VARGPModel(num_classes=cur.mean.shape[0], past=past, init=cur,
+                       hyper_init=PointHyperparameters(theta), guide=guide,
                        likelihood=likelihood or GaussianLikelihood(0.5), jitter=1e-8)
     return _elbo(model, x, y, num_data=40)
 
@@ -494,8 +499,8 @@ def test_bad_options_raise():
     cur = _random_set(2, 3, 2)
     with pytest.raises(ValueError, match="guide"):
         VARGPModel(num_classes=2, past=[], init=cur, guide="diagonal")
-    with pytest.raises(ValueError, match="hyperparameters"):
-        VARGPModel(num_classes=2, past=[], init=cur, hyperparameters="mle")
+    with pytest.raises(TypeError, match="hyper_init"):
+        VARGPModel(num_classes=2, past=[], init=cur, hyper_init=torch.zeros(1, 3))
     with pytest.raises(ValueError, match="beta"):
         VARGPModel(num_classes=2, past=[], init=cur, beta=0.0)
     with pytest.raises(ValueError, match="global"):
@@ -531,8 +536,8 @@ def test_hyperparameter_width_is_checked():
     cur = _random_set(2, 3, 4)
     for width in (3, 6):
         with pytest.raises(ValueError, match="log-hyperparameters"):
-            VARGPModel(num_classes=2, past=[], init=cur, hyperparameters="point",
-                       hyper_init=torch.zeros(1, width, dtype=DT))
+            VARGPModel(num_classes=2, past=[], init=cur,
+                       hyper_init=PointHyperparameters(torch.zeros(1, width, dtype=DT)))
     with pytest.raises(ValueError, match="hyper_prior"):
         VARGPModel(num_classes=2, past=[], init=cur,
                    hyper_init=HyperPosterior(torch.zeros(1, 2, dtype=DT),

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from ppl_cl.cli import main
-from ppl_cl.experiments.base import ConfigError, build_config, get
+from ppl_cl.errors import ConfigError
+from ppl_cl.experiments import build_config, get
 
 
 def test_list_shows_registered_experiments(capsys):
@@ -120,13 +121,17 @@ def test_checkpoint_every_option(tmp_path, capsys):
 def test_set_overrides_are_typed_and_checked():
     spec = get("exact-gp-uci")
     cfg = build_config(spec, quick=True, overrides={"dataset": "yacht", "split": "3",
-                                                    "noise_variance": "0.5"})
-    assert (cfg.dataset, cfg.split, cfg.noise_variance) == ("yacht", 3, 0.5)
-    assert cfg.max_iterations == spec.quick["max_iterations"]
+                                                    "learner.noise_variance": "0.5"})
+    assert (cfg.dataset, cfg.split, cfg.learner.noise_variance) == ("yacht", 3, 0.5)
+    assert cfg.learner.max_iterations == spec.quick["learner.max_iterations"]
     with pytest.raises(ConfigError, match="unknown config key 'nope'"):
         build_config(spec, overrides={"nope": "1"})
-    with pytest.raises(ConfigError, match="cannot read 'abc'"):
+    with pytest.raises(ConfigError, match="learner: unknown config key 'nope'"):
+        build_config(spec, overrides={"learner.nope": "1"})
+    with pytest.raises(ConfigError, match=r"split=abc: expected int, received 'abc'"):
         build_config(spec, overrides={"split": "abc"})
+    with pytest.raises(ConfigError, match="kernel"):   # the learner config's own check
+        build_config(spec, overrides={"learner.kernel": "rbf"})
 
 
 def test_list_overrides_accept_shell_forms():
@@ -227,7 +232,7 @@ def test_report_cells_keep_their_significant_digits():
 
 
 def test_paper_numbers_print_as_the_paper_gives_them():
-    from ppl_cl.experiments.base import registry
+    from ppl_cl.experiments import registry
 
     paper = registry()["vargp-split-mnist"].paper
     assert paper["final_avg_accuracy"].format() == "90.57 ± 1.06"
