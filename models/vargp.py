@@ -422,6 +422,23 @@ class VARGPModel:
         return dist.MultivariateNormal(loc, scale_tril=L[..., b, b])
 
     # -- model and guide ---------------------------------------------------------------------
+    def _theta_plate(self):
+        """The ``theta_samples`` plate of S draws, each weighted 1/S (Sect. 5: 3 draws)."""
+        import contextlib
+
+        S = self.num_theta_samples
+        stack = contextlib.ExitStack()
+        stack.enter_context(poutine.scale(scale=1.0 / S))
+        stack.enter_context(pyro.plate("theta_samples", S, dim=-3))
+        return stack
+
+    def _shared_start(self, role: str) -> tuple[Tensor, list[InducingSet], list[slice], Tensor]:
+        """What model and guide both begin with: theta (sampled in the guide, replayed in the
+        model), the inducing sets, their row blocks and ``chol(K_<=t,<=t)`` at theta."""
+        key, theta = self._theta(role)
+        sets = self.sets()
+        return theta, sets, task_slices(sets), self._prior_factor(key, theta, sets)
+
     def model(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
         """The approximate running joint of eq. (6) (eq. 13 for the global ablation).
 
@@ -431,12 +448,8 @@ class VARGPModel:
         """
         B = x.shape[0]
         N = B if num_data is None else int(num_data)
-        S = self.num_theta_samples
-        with poutine.scale(scale=1.0 / S), pyro.plate("theta_samples", S, dim=-3):
-            key, theta = self._theta("model")
-            sets = self.sets()
-            blocks = task_slices(sets)
-            L = self._prior_factor(key, theta, sets)
+        with self._theta_plate():
+            theta, sets, blocks, L = self._shared_start("model")
             with pyro.plate("classes", self.num_classes, dim=-1):
                 if self.guide_structure == "global":
                     u_t = pyro.sample("u", self._prior_conditional(L, blocks, []))
@@ -459,14 +472,10 @@ class VARGPModel:
     def guide(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> None:
         """The variational posterior of eq. (7): ``q_t(theta) q(u_<t | theta) q(u_t | u_<t, theta)``
         (``q_t(theta) q(u_t)`` for the global ablation). Same arguments as :meth:`model`."""
-        S = self.num_theta_samples
         self._cache = None
         self._factor_cache = {}
-        with poutine.scale(scale=1.0 / S), pyro.plate("theta_samples", S, dim=-3):
-            key, theta = self._theta("guide")
-            sets = self.sets()
-            blocks = task_slices(sets)
-            L = self._prior_factor(key, theta, sets)
+        with self._theta_plate():
+            theta, sets, blocks, L = self._shared_start("guide")
             with pyro.plate("classes", self.num_classes, dim=-1):
                 if self.guide_structure == "global":
                     s = sets[-1]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
+
+from ppl_cl.configs import check_choices, check_ints, check_positive
 
 __all__ = ["VARGPConfig", "ROWS"]
 
@@ -83,33 +84,14 @@ class VARGPConfig:
     progress: bool | None = None
 
     def __post_init__(self) -> None:
-        def is_int(v) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool)
-
-        if not is_int(self.num_classes) or self.num_classes < 2:
-            raise ValueError(f"num_classes: expected an int >= 2, received {self.num_classes!r}")
-        for name in ("inducing_per_task", "batch_size", "max_epochs", "patience",
-                     "num_theta_samples", "num_f_samples", "num_predict_samples"):
-            value = getattr(self, name)
-            if not is_int(value) or value < 1:
-                raise ValueError(f"{name}: expected an int >= 1, received {value!r}")
-        choices = {"guide": ("autoregressive", "block_diagonal", "global"),
-                   "hyperparameters": ("variational", "point"),
-                   "scale_tril_init": ("prior", "identity"),
-                   "global_init": ("previous", "task"), "dtype": ("float32", "float64")}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}: expected one of {allowed}, received "
-                                 f"{getattr(self, name)!r}")
-        for name in ("beta", "learning_rate", "theta_init_scale"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name}: expected a finite number > 0, received {value!r}")
-        if not self.tolerance >= 0:
-            raise ValueError(f"tolerance: expected >= 0, received {self.tolerance!r}")
-        if self.jitter is not None and not self.jitter > 0:
-            raise ValueError(f"jitter: expected > 0 or None, received {self.jitter!r}")
+        check_ints(self, "num_classes", minimum=2)
+        check_ints(self, "inducing_per_task", "batch_size", "max_epochs", "patience",
+                   "num_theta_samples", "num_f_samples", "num_predict_samples")
+        check_choices(self)
+        check_positive(self, "beta", "learning_rate", "theta_init_scale")
+        check_positive(self, "tolerance", allow_zero=True)
+        if self.jitter is not None:
+            check_positive(self, "jitter")
         device = str(self.device)
         if not (device == "cpu" or device == "cuda"
                 or (device.startswith("cuda:") and device[5:].isdigit())):
