@@ -71,8 +71,8 @@ Monte Carlo draws: in :func:`filter` / :func:`filter_blocked` the ``(S, K)`` dra
 come from ``fold_in(rng_key, i)`` inside the scan (memory independent of the stream length; the
 same draws in both recursions); :func:`chunk_update` draws a chunk's ``(b, S, K)`` at once.
 
-Replay memory (App. D.4): :class:`ReplayMemory`, a ring buffer of the most recent points with
-:func:`replay_add` and :func:`replay_sample` (without replacement, fixed shape, masked).
+The replay memory of App. D.4 is :mod:`inference.replay`; the fine-tuning step on (theta,
+alpha) that precedes a chunk's recursion is :mod:`inference.kalman_finetune`.
 """
 
 from __future__ import annotations
@@ -88,11 +88,11 @@ from models.kalman import DriftPrior, GaussianLikelihood, SoftmaxLikelihood, Sur
 from models.linalg_jax import symmetrize
 
 __all__ = [
-    "KalmanParams", "FilterOptions", "KalmanState", "StepInfo", "ChunkInfo", "ReplayMemory",
+    "KalmanParams", "FilterOptions", "KalmanState", "StepInfo", "ChunkInfo", "KalmanFilter",
     "init", "forgetting", "step", "filter", "filter_blocked", "chunk_update",
     "default_block_size",
     "predictive_moments", "class_probabilities", "log_predictive", "mean_log_predictive",
-    "projected_prior", "replay_init", "replay_add", "replay_sample",
+    "projected_prior",
 ]
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -191,22 +191,6 @@ class ChunkInfo(NamedTuple):
     steps: StepInfo
     chunk_log_predictive: Array
     chunk_delta_gradient: Array
-
-
-class ReplayMemory(NamedTuple):
-    """Ring buffer of the most recent points (App. D.4 keeps 100).
-
-    Attributes:
-        inputs: ``(R, d)`` raw inputs (features change when theta is fine-tuned).
-        targets: ``(R,)`` labels or regression targets.
-        size: number of filled slots, ``()``.
-        position: next slot to write, ``()``.
-    """
-
-    inputs: Array
-    targets: Array
-    size: Array
-    position: Array
 
 
 # ---------------------------------------------------------------------------------------------
@@ -613,6 +597,20 @@ def filter_blocked(rng_key: Array, state: KalmanState, features: Array, targets:
 # ---------------------------------------------------------------------------------------------
 # prediction (eq. 6, eq. 13) on a batch
 # ---------------------------------------------------------------------------------------------
+def _batch_prior(state: KalmanState, Phi: Array, params: KalmanParams, options: FilterOptions,
+                 delta: Array | None = None) -> tuple[Array, Array]:
+    """:func:`projected_prior` of every row of ``Phi`` ``(n, m)`` from the projections of the
+    old posterior, ``P = Phi A`` (rows ``A phi_i``), ``q = phi_i^T A phi_i``, ``|phi_i|^2`` and
+    ``mu0 = M^T phi_i``, at ``delta`` (default: the state's). Returns ``(mu (n, K), s2 (n,))``."""
+    P = Phi @ state.covariance
+    q = jnp.sum(P * Phi, axis=1)
+    n2 = jnp.sum(Phi * Phi, axis=1)
+    mu0 = Phi @ state.mean
+    d = state.delta if delta is None else delta
+    return projected_prior(jnp.broadcast_to(d, q.shape), mu0, q, n2,
+                           _as(params.prior.prior_variance, Phi.dtype), options.mean_preserving)
+
+
 def predictive_moments(state: KalmanState, features: Array, params: KalmanParams,
                        options: FilterOptions) -> tuple[Array, Array]:
     """Moments of the latent ``f = W_n^T phi`` under ``q(W_n | y_{1:n-1})`` (one transition at
@@ -620,15 +618,7 @@ def predictive_moments(state: KalmanState, features: Array, params: KalmanParams
 
     Returns ``(mean (n, K), variance (n,))``; the regression predictive of y adds ``s2``.
     """
-    dtype = state.covariance.dtype
-    Phi = _as(features, dtype)
-    P = Phi @ state.covariance
-    q = jnp.sum(P * Phi, axis=1)
-    n2 = jnp.sum(Phi * Phi, axis=1)
-    mu0 = Phi @ state.mean
-    delta = jnp.broadcast_to(state.delta, q.shape)
-    return projected_prior(delta, mu0, q, n2, _as(params.prior.prior_variance, dtype),
-                           options.mean_preserving)
+    return _batch_prior(state, _as(features, state.covariance.dtype), params, options)
 
 
 def class_probabilities(rng_key: Array, mean: Array, variance: Array, calibration: Any = 1.0,
@@ -655,13 +645,7 @@ def log_predictive(rng_key: Array, state: KalmanState, features: Array, targets:
     K = state.mean.shape[1]
     t_vec, labels = _targets(targets, K, options, dtype)
     eps = _noise(rng_key, n, K, options, dtype)
-    P = Phi @ state.covariance
-    q = jnp.sum(P * Phi, axis=1)
-    n2 = jnp.sum(Phi * Phi, axis=1)
-    mu0 = Phi @ state.mean
-    d = state.delta if delta is None else delta
-    mu, s2 = projected_prior(jnp.broadcast_to(d, q.shape), mu0, q, n2,
-                             _as(params.prior.prior_variance, dtype), options.mean_preserving)
+    mu, s2 = _batch_prior(state, Phi, params, options, delta)
     return jax.vmap(lambda mu_i, s2_i, t_i, l_i, e_i: _point_log_predictive(
         mu_i, s2_i, t_i, l_i, e_i, params, options))(mu, s2, t_vec, labels, eps)
 
@@ -754,43 +738,47 @@ def chunk_update(rng_key: Array, state: KalmanState, features: Array, targets: A
 
 
 # ---------------------------------------------------------------------------------------------
-# replay memory (App. D.4)
+# the engine (inference/base.py contract)
 # ---------------------------------------------------------------------------------------------
-def replay_init(capacity: int, input_dim: int, input_dtype: Any = jnp.float32,
-                target_dtype: Any = jnp.int32) -> ReplayMemory:
-    """An empty ring buffer of ``capacity`` points of dimension ``input_dim``."""
-    if int(capacity) < 1:
-        raise ValueError(f"capacity: expected a positive int, received {capacity}")
-    return ReplayMemory(jnp.zeros((capacity, input_dim), input_dtype),
-                        jnp.zeros((capacity,), target_dtype),
-                        jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32))
+class KalmanFilter:
+    """The Kalman filter of the drift model as an engine of :mod:`inference.base`:
+    ``init(...) -> KalmanState`` and ``step(rng, state, batch) -> (KalmanState, ChunkInfo)``.
 
+    One ``step`` is one chunk of the App. D.2 recursion (:func:`chunk_update`): ``batch`` is
+    ``(features (b, m), targets)`` or ``(features, targets, mask)``; a chunk of one point with
+    ``transition="always"`` is one iteration of Algorithm 1 (delta step, transition, update).
+    The engine holds only static choices; ``step`` is pure and can be ``jax.jit``-ed or
+    scanned.
 
-def replay_add(memory: ReplayMemory, inputs: Array, targets: Array) -> ReplayMemory:
-    """Write a chunk ``(b, d)`` / ``(b,)``; the buffer keeps the ``R`` most recent points."""
-    R = memory.inputs.shape[0]
-    inputs = jnp.asarray(inputs, memory.inputs.dtype)
-    targets = jnp.asarray(targets, memory.targets.dtype)
-    if inputs.shape[0] > R:                      # only the last R of a long chunk survive
-        inputs, targets = inputs[-R:], targets[-R:]
-    b = inputs.shape[0]
-    idx = (memory.position + jnp.arange(b)) % R
-    return ReplayMemory(memory.inputs.at[idx].set(inputs), memory.targets.at[idx].set(targets),
-                        jnp.minimum(memory.size + b, R).astype(jnp.int32),
-                        ((memory.position + b) % R).astype(jnp.int32))
-
-
-def replay_sample(rng_key: Array, memory: ReplayMemory, num: int) -> tuple[Array, Array, Array]:
-    """``num`` distinct stored points drawn uniformly without replacement.
-
-    Returns ``(inputs (num, d), targets (num,), valid (num,))``; when fewer than ``num`` points
-    are stored the remaining slots are marked invalid (``valid`` False) so shapes stay fixed.
+    Args:
+        params: :class:`KalmanParams`.
+        options: :class:`FilterOptions`.
+        transition: ``"always"`` or ``"last"`` (App. D.2).
+        block_size: points per block of the blocked recursion (``None``:
+            :func:`default_block_size`).
+        method: ``"blocked"`` or ``"sequential"``.
     """
-    R = memory.inputs.shape[0]
-    num = int(num)
-    scores = jax.random.uniform(rng_key, (R,))
-    scores = jnp.where(jnp.arange(R) < memory.size, scores, 2.0)   # empty slots last
-    order = jnp.argsort(scores)
-    take = order[:num] if num <= R else jnp.concatenate([order, order[: num - R]])
-    valid = jnp.arange(num) < jnp.minimum(memory.size, R)
-    return memory.inputs[take], memory.targets[take], valid
+
+    def __init__(self, params: KalmanParams, options: FilterOptions, *,
+                 transition: str = "always", block_size: int | None = None,
+                 method: str = "blocked") -> None:
+        if transition not in ("always", "last"):
+            raise ValueError(f"transition: expected 'always' or 'last', received {transition!r}")
+        if method not in ("blocked", "sequential"):
+            raise ValueError(f"method: expected 'blocked' or 'sequential', received {method!r}")
+        self.params, self.options = params, options
+        self.transition, self.block_size, self.method = transition, block_size, method
+
+    def init(self, num_features: int, num_outputs: int = 1, *, initial_forgetting: float = 1.0,
+             dtype: Any = jnp.float64) -> KalmanState:
+        """:func:`init` with this engine's prior."""
+        return init(num_features, num_outputs, prior=self.params.prior,
+                    initial_forgetting=initial_forgetting, dtype=dtype)
+
+    def step(self, rng: Array, state: KalmanState, batch: tuple) -> tuple[KalmanState, ChunkInfo]:
+        """The recursion over one chunk ``batch = (features, targets[, mask])``."""
+        features, targets, *rest = batch
+        mask = rest[0] if rest else None
+        return chunk_update(rng, state, features, targets, self.params, self.options,
+                            transition=self.transition, mask=mask, block_size=self.block_size,
+                            method=self.method)

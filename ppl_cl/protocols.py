@@ -14,7 +14,7 @@ raw records; metrics are :mod:`ppl_cl.metrics`' pure functions of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -176,17 +176,20 @@ class PrequentialResult:
         correct: for categorical predictives, ``argmax p == y_i`` as bool ``(N,)``; else None.
         sq_error: for Gaussian predictives, ``(mean_i - y_i)^2`` ``(N,)``; else None.
         records: the dict returned by ``learner.update`` for each chunk.
+        predictives: with ``keep_predictives``, each chunk's predictive (made before its
+            update); else empty.
     """
 
     log_prob: np.ndarray
     correct: np.ndarray | None
     sq_error: np.ndarray | None
     records: list[dict[str, Any]]
+    predictives: list = field(default_factory=list)
 
 
-def prequential(learner: Any, chunks: Iterable[Batch], progress: bool | None = False
-                ) -> PrequentialResult:
-    """Prequential (predict-then-learn) evaluation over a stream (Kalman OCL Sect. 5.2).
+def prequential(learner: Any, chunks: Iterable[Batch], progress: bool | None = False, *,
+                keep_predictives: bool = False) -> PrequentialResult:
+    """Prequential (predict-then-learn) evaluation over a stream (Kalman OCL Sect. 4.2).
 
     For each chunk ``S_n``: ``p = learner.predict(S_n.x, task_id=S_n.task_id)`` *before*
     ``learner.update(S_n)``; the per-point log predictive ``log p(y_i)``, correctness
@@ -199,11 +202,13 @@ def prequential(learner: Any, chunks: Iterable[Batch], progress: bool | None = F
             :class:`~ppl_cl.predictive.GaussianPredictive`, and ``update(batch) -> dict``.
         chunks: the stream (e.g. :func:`online_chunks`), each with targets.
         progress: show a progress bar (``None``: the ``PPL_CL_PROGRESS`` default).
+        keep_predictives: also return every chunk's predictive (e.g. the predictive means of
+            Kalman OCL Fig. 1).
 
     Returns:
         :class:`PrequentialResult`.
     """
-    log_probs, correct, sq_errors, records = [], [], [], []
+    log_probs, correct, sq_errors, records, predictives = [], [], [], [], []
     kind = None
     for n, chunk in enumerate(_progress(chunks, desc="prequential", enabled=progress)):
         if not isinstance(chunk, Batch):
@@ -231,6 +236,8 @@ def prequential(learner: Any, chunks: Iterable[Batch], progress: bool | None = F
             correct.append(pred.predicted_class() == y)
         else:
             sq_errors.append((pred.mean - y.astype(np.float64)) ** 2)
+        if keep_predictives:
+            predictives.append(pred)
         record = learner.update(chunk)
         records.append(record)
 
@@ -242,6 +249,7 @@ def prequential(learner: Any, chunks: Iterable[Batch], progress: bool | None = F
         correct=cat(correct, bool) if kind == "categorical" else None,
         sq_error=cat(sq_errors, np.float64) if kind == "gaussian" else None,
         records=records,
+        predictives=predictives,
     )
 
 

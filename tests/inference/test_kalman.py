@@ -3,7 +3,7 @@
 of the whole state sequence (any fixed gamma sequence), dynamax's ``lgssm_filter``, NUTS on the
 NumPyro program, finite differences for the delta gradient, and K independent regressions for
 the shared-covariance classification recursion; plus the blocked recursion, the chunk
-protocol, replay memory and float32.
+protocol, the engine contract and float32.
 """
 
 from __future__ import annotations
@@ -117,14 +117,21 @@ def _dense_filter_reference(X, Y, gammas, s_w2, s2, drift_means=None):
     return np.stack(means), np.stack(covs)
 
 
-def test_fixed_gamma_sequence_equals_dense_joint_gaussian():
-    X, y = _regression_problem(n=12, m=3, seed=1)
-    gammas = np.random.default_rng(2).uniform(0.5, 1.0, size=12)
-    s_w2, s2 = 0.9, 0.3
+def _fixed_gamma_problem(n, m, seed, gamma_seed, gamma_low, s_w2, s2):
+    """A regression stream with a random fixed gamma sequence, filtered point by point."""
+    X, y = _regression_problem(n=n, m=m, seed=seed)
+    gammas = np.random.default_rng(gamma_seed).uniform(gamma_low, 1.0, size=n)
     params = _params(s_w2, s2)
     options = kf.FilterOptions(learn_forgetting=False)
-    state = kf.init(3, prior=params.prior)
+    state = kf.init(m, prior=params.prior)
     means, covs, _ = _run_states(state, X, y, params, options, gammas)
+    return X, y, gammas, params, options, state, means, covs
+
+
+def test_fixed_gamma_sequence_equals_dense_joint_gaussian():
+    s_w2, s2 = 0.9, 0.3
+    X, y, gammas, params, options, state, means, covs = _fixed_gamma_problem(12, 3, 1, 2, 0.5,
+                                                                             s_w2, s2)
     m_ref, A_ref = _dense_filter_reference(X, y[:, None], gammas, s_w2, s2)
     np.testing.assert_allclose(means, m_ref, rtol=0, atol=1e-11)
     np.testing.assert_allclose(covs, A_ref, rtol=0, atol=1e-11)
@@ -166,13 +173,9 @@ def _import_dynamax():
 
 def test_regression_filter_matches_dynamax_lgssm_filter():
     lgssm = _import_dynamax()
-    X, y = _regression_problem(n=15, m=3, seed=4)
-    gammas = np.random.default_rng(5).uniform(0.6, 1.0, size=15)
     s_w2, s2 = 0.8, 0.25
-    params = _params(s_w2, s2)
-    options = kf.FilterOptions(learn_forgetting=False)
-    state = kf.init(3, prior=params.prior)
-    means, covs, _ = _run_states(state, X, y, params, options, gammas)
+    X, y, gammas, params, options, state, means, covs = _fixed_gamma_problem(15, 3, 4, 5, 0.6,
+                                                                             s_w2, s2)
     _, info = _filter(jax.random.PRNGKey(0), state, X, y, params, options,
                         forgetting_coefficients=gammas)
     T, m = X.shape
@@ -492,28 +495,6 @@ def test_init_rejects_bad_arguments():
                         np.ones(2), _params(), kf.FilterOptions(), transition="sometimes")
 
 
-# ---------------------------------------------------------------------------------------------
-# replay memory
-# ---------------------------------------------------------------------------------------------
-def test_replay_memory_keeps_most_recent_points_and_samples_without_replacement():
-    mem = kf.replay_init(5, 2)
-    x, y, valid = kf.replay_sample(jax.random.PRNGKey(0), mem, 3)
-    assert x.shape == (3, 2) and not bool(valid.any())
-    mem = kf.replay_add(mem, np.arange(6).reshape(3, 2), np.array([0, 1, 2]))
-    x, y, valid = kf.replay_sample(jax.random.PRNGKey(1), mem, 4)
-    assert valid.tolist() == [True, True, True, False]
-    assert sorted(np.asarray(y)[:3].tolist()) == [0, 1, 2]
-    for c in range(3):   # 3 + 9 points into 5 slots: the 5 most recent remain
-        mem = kf.replay_add(mem, np.full((3, 2), 10.0 + c), np.arange(3) + 3 * c + 3)
-    assert int(mem.size) == 5
-    assert sorted(np.asarray(mem.targets).tolist()) == [7, 8, 9, 10, 11]
-    x, y, valid = kf.replay_sample(jax.random.PRNGKey(2), mem, 5)
-    assert bool(valid.all()) and sorted(np.asarray(y).tolist()) == [7, 8, 9, 10, 11]
-    # a chunk longer than the memory keeps its own last points
-    mem = kf.replay_add(mem, np.zeros((7, 2)), np.arange(100, 107))
-    assert sorted(np.asarray(mem.targets).tolist()) == [102, 103, 104, 105, 106]
-
-
 @pytest.mark.gpu
 def test_blocked_and_sequential_filters_on_gpu_match_cpu():
     try:
@@ -538,3 +519,35 @@ def test_blocked_and_sequential_filters_on_gpu_match_cpu():
         np.testing.assert_allclose(np.asarray(gpu_state.covariance),
                                    np.asarray(cpu_state.covariance), atol=1e-10)
         np.testing.assert_allclose(float(gpu_state.delta), float(cpu_state.delta), atol=1e-10)
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine contract (inference/base.py)
+# ---------------------------------------------------------------------------------------------
+def test_kalman_filter_engine_follows_the_contract_and_equals_chunk_update():
+    from inference.base import Engine, is_state
+
+    rng = np.random.default_rng(23)
+    b, m, K = 6, 4, 3
+    X = rng.normal(size=(2 * b, m))
+    labels = rng.integers(0, K, size=2 * b)
+    params = _params(1 / m, 1 / K, alpha=1.3, classification=True)
+    options = kf.FilterOptions(likelihood="softmax", learning_rate=0.2, num_samples=8)
+    engine = kf.KalmanFilter(params, options, transition="last", block_size=4)
+    assert isinstance(engine, Engine)
+    state = engine.init(m, K, initial_forgetting=0.95)
+    assert is_state(state)
+    step = jax.jit(engine.step)
+    ref = kf.init(m, K, prior=params.prior, initial_forgetting=0.95)
+    for c in range(2):
+        key = jax.random.PRNGKey(c)
+        sl = slice(c * b, (c + 1) * b)
+        state, info = step(key, state, (X[sl], labels[sl]))
+        ref, ref_info = _chunk_update(key, ref, X[sl], labels[sl], params, options,
+                                      transition="last", block_size=4)
+        assert is_state(info)
+        for u, v in zip(state, ref):
+            np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+    assert float(state.delta) != pytest.approx(-2 * math.log(0.95))   # delta was stepped
+    with pytest.raises(ValueError, match="transition"):
+        kf.KalmanFilter(params, options, transition="sometimes")
