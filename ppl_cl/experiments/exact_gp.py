@@ -12,9 +12,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
+from ppl_cl.configs import check_choices, check_ints
 from ppl_cl.configs.exact_gp import ExactGPConfig
 from ppl_cl.experiments.base import PaperNumber, RunContext, register
 
@@ -35,10 +37,16 @@ class ExactGPUCIConfig:
     """
 
     learner: ExactGPConfig = field(default_factory=lambda: ExactGPConfig(kernel="se"))
-    dataset: str = "concrete"
+    dataset: Literal["concrete", "energy", "kin8nm", "naval-propulsion-plant", "power-plant",
+                     "yacht", "elevators", "skillcraft", "bike"] = "concrete"
     split: int = 0
     max_train: int = 0
     posterior_draws: int = 200
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        check_ints(self, "split", "max_train", minimum=0)
+        check_ints(self, "posterior_draws")
 
 
 def _load_uci(name: str, split: int, data_dir: str | None):
@@ -53,7 +61,7 @@ def _load_uci(name: str, split: int, data_dir: str | None):
 
 @register("exact-gp-uci", ExactGPUCIConfig, quick={"learner.max_iterations": 200,
                                                    "posterior_draws": 100},
-          headline=True,
+          headline=True, backends=("jax",), headline_keys=("rmse", "nlpd"),
           paper={"rmse": PaperNumber(0.33, _VIPS, std=0.01, note=_VIPS_NOTE.format(split=0))},
           description="Exact GP (type-II ML) on a UCI set, RMSE / NLPD in standardized units")
 def run_exact_gp_uci(config: ExactGPUCIConfig, ctx: RunContext) -> dict:
@@ -121,7 +129,7 @@ _FIG2A = "Pescador-Barrios et al. 2024, Fig. 2a (VIPS curve; the text says VIPS 
 
 
 @register("exact-gp-synthetic", ExactGPSyntheticConfig, quick={"learner.max_iterations": 300},
-          headline=True,
+          headline=True, backends=("jax",),
           paper={f"rmse_batch{i + 1}": PaperNumber(v, _FIG2A, note="read off the figure")
                  for i, v in enumerate((0.9, 0.6, 0.4, 0.2))},
           description="Exact GP updated batch by batch on the VIPS synthetic stream (Fig. 2a)")

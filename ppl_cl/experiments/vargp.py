@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ppl_cl.configs.vargp import ROWS, VARGPConfig
-from ppl_cl.experiments.base import PaperNumber, RunContext, register
+from ppl_cl.experiments.base import Claim, PaperNumber, RunContext, register
 
 __all__ = ["ToyConfig", "StreamConfig", "SplitMNISTConfig", "PermutedMNISTConfig",
            "SplitDigitsConfig", "ROW_LABELS", "run_stream", "stream_rows", "row_learner_file",
@@ -52,6 +52,12 @@ def _table1_column(rows: dict[str, tuple[float, float]], var_gp_note: str
                 mean, _SOURCE, std=std, decimals=2,
                 note=var_gp_note if v == "var_gp" else f"{ROW_LABELS[v]}, %")
             for v, (mean, std) in rows.items()}
+
+
+#: Table 1's order of the rows, for the report's claims section
+TABLE1_ORDER = Claim("Table 1's order: VAR-GP > Block Diag. > Global > MLE Hypers",
+                     ("final_avg_accuracy", "final_avg_accuracy_block_diag",
+                      "final_avg_accuracy_global", "final_avg_accuracy_mle_hypers"))
 
 
 def _check_rows(rows, allow_var_gp: bool = False) -> tuple[str, ...]:
@@ -483,6 +489,7 @@ def split_mnist_stream(config: SplitMNISTConfig, seed: int, data_dir: str | None
           paper=_table1_column({"var_gp": (90.57, 1.06), "block_diag": (78.64, 1.41),
                                 "mle_hypers": (10.09, 0.40), "global": (39.31, 0.28)},
                                "VAR-GP, 5 seeds, %"),
+          claims=(TABLE1_ORDER,), backends=("torch",),
           description="VAR-GP on Split MNIST (5 digit-pair tasks, single head) + ablations")
 def split_mnist(config: SplitMNISTConfig, ctx: RunContext) -> dict:
     """VAR-GP on Split MNIST with the ablation rows of Table 1."""
@@ -526,6 +533,7 @@ def permuted_mnist_stream(config: PermutedMNISTConfig, seed: int, data_dir: str 
           paper=_table1_column({"var_gp": (97.20, 0.08), "block_diag": (96.31, 0.42),
                                 "mle_hypers": (10.07, 0.15), "global": (46.02, 1.09)},
                                "VAR-GP, 10 tasks, 5 seeds, %"),
+          claims=(TABLE1_ORDER,), backends=("torch",),
           description="VAR-GP on Permuted MNIST (10 tasks, first unpermuted)")
 def permuted_mnist(config: PermutedMNISTConfig, ctx: RunContext) -> dict:
     """VAR-GP on Permuted MNIST: one fixed pixel permutation per task; the validation set
@@ -556,7 +564,9 @@ def split_digits_stream(config: SplitDigitsConfig, seed: int, data_dir: str | No
 
 
 @register("vargp-split-digits", SplitDigitsConfig, quick=_DIGITS_QUICK,
-          description="VAR-GP, Split-MNIST protocol on sklearn 8x8 digits (offline) + ablations")
+          headline_keys=("final_avg_accuracy", "final_avg_accuracy_block_diag",
+                         "final_avg_accuracy_global", "final_avg_accuracy_mle_hypers"),
+          backends=("torch",), description="VAR-GP, Split-MNIST protocol on sklearn 8x8 digits (offline) + ablations")
 def split_digits(config: SplitDigitsConfig, ctx: RunContext) -> dict:
     """The Split-MNIST protocol on scikit-learn's digits (:func:`split_digits_stream`)."""
     from ppl_cl.data.streams import SPLIT_MNIST_CLASS_GROUPS
@@ -575,7 +585,10 @@ _TOY_QUICK = {"learner.max_epochs": 100, "learner.batch_size": 32,
 
 
 @register("vargp-toy", ToyConfig, quick=_TOY_QUICK, headline=True,
-          description="VAR-GP 2-D toy: tasks {0,1} then {2,3}; predictive densities (Fig. 1/7)")
+          headline_keys=("task0_acc_after_task1", "task1_acc_after_task1",
+                         "task0_acc_after_task1_block_diag", "task0_acc_after_task1_mle_hypers",
+                         "task0_acc_after_task1_global"),
+          backends=("torch",), description="VAR-GP 2-D toy: tasks {0,1} then {2,3}; predictive densities (Fig. 1/7)")
 def toy(config: ToyConfig, ctx: RunContext) -> dict:
     """Four 2-D blobs observed as tasks {0, 1} then {2, 3}; for each row, the class-wise
     predictive probabilities on the square [-3, 3]^2 after each task (rows) and the accuracy on

@@ -1,0 +1,109 @@
+"""Every learner of ppl_cl.learners.LEARNERS behaves the same at the edges of the protocol
+(the docstring of ppl_cl.learner): ``update`` takes a Batch only, ``predict`` before any update
+raises NotFittedError, an empty predict gives an empty predictive, a refused batch leaves the
+state unchanged, and save / load between batches resumes exactly. A learner added to LEARNERS
+without a case here fails the first test."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ppl_cl import Batch
+from ppl_cl.errors import NotFittedError
+from ppl_cl.learners import LEARNERS, learner_class, load_learner
+from ppl_cl.predictive import CategoricalPredictive, GaussianPredictive
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+RNG = np.random.default_rng(0)
+XC = RNG.normal(size=(24, 3))
+YC = (XC[:, 0] > 0).astype(np.int64) + 2 * (XC[:, 1] > 0).astype(np.int64)   # 4 classes
+XR = RNG.normal(size=(24, 3))
+YR = np.sin(XR[:, 0]) + 0.1 * RNG.normal(size=24)
+
+#: learner_name -> (kwargs of a tiny learner, "classification" | "regression")
+CASES = {
+    "exact-gp": (dict(kernel="se", max_iterations=20), "regression"),
+    "vargp": (dict(num_classes=4, inducing_per_task=4, batch_size=12, max_epochs=2,
+                   num_theta_samples=1, num_f_samples=2, num_predict_samples=2, beta=1.0,
+                   dtype="float64"), "classification"),
+    "kalman-classifier": (dict(num_classes=4), "classification"),
+    "kalman-regressor": (dict(), "regression"),
+    "online-sgd-classifier": (dict(num_classes=4), "classification"),
+}
+
+
+def _batches(kind):
+    x, y = (XC, YC) if kind == "classification" else (XR, YR)
+    return Batch(x[:12], y[:12], 0), Batch(x[12:], y[12:], 0)
+
+
+def _state_equal(a, b) -> bool:
+    import torch
+
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(
+            _state_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(
+            _state_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if hasattr(a, "shape"):
+        return np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
+    return a == b or (isinstance(a, float) and np.isnan(a) and np.isnan(b))
+
+
+def _untimed(state):
+    if isinstance(state, dict):
+        return {k: _untimed(v) for k, v in state.items()
+                if k not in ("wall_time_s", "seconds_per_epoch")}
+    if isinstance(state, list):
+        return [_untimed(v) for v in state]
+    return state
+
+
+def test_every_learner_has_a_case():
+    assert set(CASES) == set(LEARNERS)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_edges_of_the_protocol(name, tmp_path):
+    kwargs, kind = CASES[name]
+    cls = learner_class(name)
+    learner = cls(**kwargs)
+    first, second = _batches(kind)
+    with pytest.raises(NotFittedError):
+        learner.predict(first.x)
+    with pytest.raises(TypeError, match="Batch"):
+        learner.update((first.x, first.y))                 # a tuple is no Batch
+    learner.update(first)
+    pred = learner.predict(second.x)
+    expected = CategoricalPredictive if kind == "classification" else GaussianPredictive
+    assert isinstance(pred, expected) and len(pred) == len(second)
+    assert np.isfinite(pred.log_prob(second.y)).all()
+    empty = learner.predict(second.x[:0])
+    assert isinstance(empty, expected) and len(empty) == 0
+    # a refused batch leaves the state as it was
+    before = learner.state_dict()
+    bad = np.array(second.x, dtype=float)
+    bad[0, 0] = np.nan
+    with pytest.raises(ValueError, match="finite|NaN"):
+        learner.update(Batch(bad, second.y, 0))
+    with pytest.raises(ValueError):
+        learner.update(Batch(second.x[:, :2], second.y, 0))   # another input dimension
+    assert _state_equal(learner.state_dict(), before)
+    # save between batches, load, continue == uninterrupted
+    learner.save(tmp_path / "l.npz")
+    loaded = load_learner(tmp_path / "l.npz")
+    assert type(loaded) is cls and loaded.config == learner.config
+    learner.update(second)
+    loaded.update(second)
+    assert _state_equal(_untimed(loaded.state_dict()), _untimed(learner.state_dict()))
+    np.testing.assert_array_equal(np.asarray(getattr(loaded.predict(first.x), "probs", None)
+                                             if kind == "classification"
+                                             else loaded.predict(first.x).mean),
+                                  np.asarray(getattr(learner.predict(first.x), "probs", None)
+                                             if kind == "classification"
+                                             else learner.predict(first.x).mean))
