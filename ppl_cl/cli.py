@@ -104,7 +104,8 @@ def _cmd_run(args) -> int:
     metrics = run_experiment(args.name, quick=args.quick, seed=args.seed, device=args.device,
                              out=args.out, overrides=_parse_sets(args.set),
                              data_dir=args.data_dir, show_progress=args.progress,
-                             resume=args.resume, checkpoint_every_s=args.checkpoint_every)
+                             resume=args.resume, checkpoint_every_s=args.checkpoint_every,
+                             force=args.force)
     print(json.dumps(metrics["summary"], indent=2, default=str))
     print(f"wrote {args.out or 'runs/' + args.name}/metrics.json "
           f"({metrics['wall_time_s']:.1f} s)", file=sys.stderr)

@@ -142,7 +142,7 @@ def load_tree(path: str | os.PathLike, device: Any = None) -> tuple[Any, dict[st
         raise CheckpointError(f"{path}: not a ppl_cl checkpoint (expected an .npz archive "
                               f"written by save(), received a file starting {magic!r})")
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as npz:
             if "__meta__" not in npz.files:
                 raise CheckpointError(f"{path}: an .npz archive but not a ppl_cl checkpoint "
                                       "(no __meta__ entry)")

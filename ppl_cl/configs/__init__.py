@@ -199,7 +199,8 @@ def parse_value(text: str, typ: Any, key: str) -> Any:
                           f"{text!r}") from exc
 
 
-def apply_overrides(config: Any, overrides: dict[str, Any], *, where: str = "") -> Any:
+def apply_overrides(config: Any, overrides: dict[str, Any], *, where: str = "",
+                    prefix: str = "") -> Any:
     """``config`` with ``--set`` overrides (``key`` or dotted ``learner.key``; string values are
     parsed by the field's type, other values used as they are). Unknown keys raise
     :class:`ConfigError` listing the valid ones; bad values are reported by the config's own
@@ -221,10 +222,12 @@ def apply_overrides(config: Any, overrides: dict[str, Any], *, where: str = "") 
                                   f"({key!r})")
             nested.setdefault(head, {})[rest] = value
         else:
-            direct[key] = parse_value(value, hints[key], key) if isinstance(value, str) else value
+            direct[key] = parse_value(value, hints[key], prefix + key) \
+                if isinstance(value, str) else value
     for head, sub_over in nested.items():
         direct[head] = apply_overrides(getattr(config, head), sub_over,
-                                       where=f"{where + '.' if where else ''}{head}")
+                                       where=f"{where + '.' if where else ''}{head}",
+                                       prefix=f"{prefix}{head}.")
     try:
         return dataclasses.replace(config, **direct)
     except (ValueError, TypeError) as err:

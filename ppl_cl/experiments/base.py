@@ -363,7 +363,8 @@ def run_spec(spec: ExperimentSpec, *, quick: bool = False, seed: int = 0, device
     :class:`ConfigError`), ``--device`` is checked for the libraries the experiment uses
     (:func:`check_device`), and ``out`` must be a folder that holds no finished run (a
     ``metrics.json``) unless ``resume`` or ``force`` (which empties it first). A run that fails
-    leaves no ``metrics.json``; a folder it created and left without checkpoints is removed.
+    leaves no ``metrics.json`` (so ``ppl-cl report`` refuses the folder), only its
+    ``config.json``, ``progress.log`` (ending with why it stopped) and checkpoints.
 
     With ``resume=True`` an experiment that checkpoints its units of work (the VAR-GP streams
     do, after every task of every variant) continues from the checkpoints a stopped run with
@@ -385,7 +386,6 @@ def run_spec(spec: ExperimentSpec, *, quick: bool = False, seed: int = 0, device
             raise ConfigError(f"--out {out_dir}: holds a finished run (metrics.json); pass "
                               "--force to replace it, --resume to continue it, or another --out")
         shutil.rmtree(out_dir)
-    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     ctx = RunContext(out_dir=out_dir, seed=seed, device=device, quick=quick,
                      show_progress=show_progress, data_dir=data_dir, resume=resume,
@@ -420,8 +420,6 @@ def run_spec(spec: ExperimentSpec, *, quick: bool = False, seed: int = 0, device
         else:
             what = f"failed: {type(exc).__name__}: {first_line}"
         ctx.log(f"{what} after {time.perf_counter() - t0:.1f} s")
-        if created and not (out_dir / CHECKPOINT_DIR).exists():
-            shutil.rmtree(out_dir, ignore_errors=True)   # nothing to resume from: no half folder
         raise
     _check_summary(name, metrics)
     metrics = {**metrics, "experiment": name, "quick": quick, "seed": seed,
