@@ -513,6 +513,19 @@ class VARGPModel:
             hyper = HyperPosterior(params["theta_loc"], params["theta_scale"]).detach()
         return sets, hyper
 
+    @torch.no_grad()
+    def accuracy(self, params: dict[str, Tensor], x: Tensor, y: Tensor, *,
+                 num_theta_samples: int, num_f_samples: int,
+                 generator: torch.Generator | None = None) -> float:
+        """Accuracy of the posterior predictive (App. A.1) at this program's parameters
+        ``params`` on ``(x, y)``: the validation score of Algorithm 1's early stopping."""
+        sets, hyper = self.state_from_params(params)
+        probs = predictive_probabilities(x, sets, hyper, guide=self.guide_structure,
+                                         jitter=self.jitter,
+                                         num_theta_samples=num_theta_samples,
+                                         num_f_samples=num_f_samples, generator=generator)
+        return float((probs.argmax(-1) == y).to(torch.float64).mean())
+
 
 def task_program(x: Tensor, previous_sets: Sequence[InducingSet],
                  previous_hyper: Hyperparameters | None, *, num_classes: int, num_inducing: int,

@@ -163,9 +163,10 @@ class VARGP(Learner):
             val_seed = self._seed(3, t)
 
             def validate(s) -> float:
-                sets, hyper = program.state_from_params(engine.constrained(s))
-                probs = self._probs(xv, sets, hyper, val_seed)
-                return float((probs.argmax(-1) == yv).to(torch.float64).mean())
+                return program.accuracy(engine.constrained(s), xv, yv,
+                                        num_theta_samples=c.num_predict_samples,
+                                        num_f_samples=c.num_f_samples,
+                                        generator=torch.Generator().manual_seed(val_seed))
 
         progress = c.progress if c.progress is not None else progress_enabled()
         loop = LoopConfig(batch_size=c.batch_size, max_epochs=c.max_epochs,
