@@ -110,40 +110,30 @@ def _time_steps(step, device, steps: int, warmup: int = 2) -> float:
 
 def vargp_engine(x, y, num_tasks: int, m_per_task: int, *, num_theta_samples: int,
                  num_f_samples: int, per_class_inputs: bool, seed: int = 0,
-                 hyperparameters: str = "variational", theta: torch.Tensor | None = None,
-                 edit_past_inputs=None):
-    """A VAR-GP model at task ``num_tasks`` (earlier tasks frozen at their initial values).
+                 hyperparameters: str = "variational"):
+    """A VAR-GP program at task ``num_tasks`` (earlier tasks frozen at the authors' initial
+    values: ``models.vargp.init_inducing_set`` and ``initial_hyperparameters``) and its SVI
+    engine."""
+    import math as _math
 
-    ``theta``: the point (``hyperparameters="point"``) or the mean of q(theta) (default: the
-    median heuristic); ``edit_past_inputs``: a function applied to each earlier task's inducing
-    inputs before its frozen posterior is formed (e.g. to place them where a trained run had
-    them)."""
     from inference.svi import SVI
     from inference.yogi import YogiConfig
-    from models.vargp import (MAX_PLATE_NESTING, HyperPosterior, PointHyperparameters,
-                              SoftmaxLikelihood, VARGPModel, init_inducing_set,
-                              median_heuristic_theta, prior_conditional_scale_tril)
+    from models.vargp import (MAX_PLATE_NESTING, SoftmaxLikelihood, VARGPModel,
+                              init_inducing_set, initial_hyperparameters)
 
     g = torch.Generator().manual_seed(seed)
-    theta0 = median_heuristic_theta(x[:1000], 1, generator=g) if theta is None else theta
-    past = []
-    for _ in range(num_tasks - 1):
-        s = init_inducing_set(x, K, m_per_task, per_class_inputs=per_class_inputs, generator=g)
-        if edit_past_inputs is not None:
-            s = s._replace(inducing_inputs=edit_past_inputs(s.inducing_inputs))
-        s = s._replace(scale_tril=prior_conditional_scale_tril(theta0, past, s.inducing_inputs,
-                                                               K, 1e-5))
-        past.append(s)
-    init = init_inducing_set(x, K, m_per_task, per_class_inputs=per_class_inputs, generator=g)
-    init = init._replace(scale_tril=prior_conditional_scale_tril(theta0, past,
-                                                                 init.inducing_inputs, K, 1e-5))
+    scale = _math.log1p(_math.e)
+    past = [init_inducing_set(x, K, m_per_task, per_class_inputs=per_class_inputs, generator=g,
+                              mean_std=0.5, scale=scale) for _ in range(num_tasks - 1)]
+    init = init_inducing_set(x, K, m_per_task, per_class_inputs=per_class_inputs, generator=g,
+                             mean_std=0.5, scale=scale)
     point = hyperparameters == "point"
-    hyper = HyperPosterior(theta0, 0.1 * torch.ones_like(theta0))
+    hyper = initial_hyperparameters(x.shape[1] + 1, point=point, generator=g, dtype=x.dtype,
+                                    device=x.device)
     program = VARGPModel(num_classes=K, past=past, init=init,
-                         hyper_prior=None if point else hyper,
-                         hyper_init=PointHyperparameters(theta0) if point else hyper,
-                         beta=10.0, num_theta_samples=num_theta_samples,
-                         likelihood=SoftmaxLikelihood(num_f_samples), jitter=1e-5)
+                         hyper_prior=None if point else hyper, hyper_init=hyper, beta=10.0,
+                         num_theta_samples=num_theta_samples,
+                         likelihood=SoftmaxLikelihood(num_f_samples), jitter=1e-4)
     return SVI(program.model, program.guide, YogiConfig(learning_rate=3e-3),
                model_kwargs={"num_data": N_TASK}, max_plate_nesting=MAX_PLATE_NESTING,
                validate_args=VALIDATE_ARGS, device=x.device)

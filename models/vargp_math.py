@@ -31,7 +31,7 @@ and factors ``L_j: (K, M_j, M_j)``. Everything broadcasts over the leading axes.
 
 One Cholesky gives every block
 ------------------------------
-Let ``L = chol(K_{<=t,<=t})`` (with ``jitter * gamma * I`` added to the diagonal) be partitioned
+Let ``L = chol(K_{<=t,<=t})`` (with ``jitter * I`` added to the diagonal) be partitioned
 by tasks. For the leading block ``<j`` and the block row ``j``:
 
     K_{<j,<j} = L_{<j} L_{<j}^T,   K_{j,<j} = L_{j,<j} L_{<j}^T
@@ -87,7 +87,7 @@ from models.kernels_torch import SquaredExponential, cat_rows
 from models.linalg_torch import jitter_cholesky, symmetrize
 
 __all__ = ["InducingSet", "HyperPosterior", "PointHyperparameters", "Hyperparameters",
-           "sample_f", "mc_softmax", "kernel_from_theta", "cross_covariance",
+           "sample_f", "mc_softmax", "kernel_from_theta", "kernel_theta", "cross_covariance",
            "concat_inducing_inputs",
            "task_slices", "prior_cholesky", "conditional_prior_mean", "autoregressive_joint",
            "whitened_posterior", "f_marginals", "gaussian_kl", "autoregressive_kl",
@@ -234,13 +234,27 @@ def task_slices(sets: Sequence[InducingSet]) -> list[slice]:
     return out
 
 
+def kernel_theta(theta: Tensor, amplitude: str = "squared") -> Tensor:
+    """The kernel's log-hyperparameters ``[log variance, log l_1..l_D]`` from the model's
+    ``theta = [log gamma, log l_1..l_D]``: ``variance = gamma^2 = exp(2 theta_0)``
+    (``amplitude="squared"``, uber-research/vargp ``var_gp/kernels.py``, ``RBFKernel.compute``)
+    or ``variance = exp(theta_0)`` (``"linear"``: Sect. 4.3's "log-scale factor" as eq. 20 is
+    printed). The lengthscales are the same either way."""
+    if amplitude == "linear":
+        return theta
+    if amplitude != "squared":
+        raise ValueError(f"amplitude: expected 'squared' or 'linear', received {amplitude!r}")
+    return torch.cat([2.0 * theta[..., :1], theta[..., 1:]], dim=-1)
+
+
 def prior_cholesky(theta: Tensor, inducing_inputs: Tensor, jitter: float) -> Tensor:
-    """``L = chol(K_ZZ + jitter * gamma * I)``: the Cholesky factor of the GP prior p(u | theta).
+    """``L = chol(K_ZZ + jitter * I)``: the Cholesky factor of the GP prior p(u | theta), with
+    an absolute jitter (uber-research/vargp ``var_gp/gp_utils.py``, ``cholesky``: 1e-4).
 
     Args:
         theta: ``(S, 1, H, D + 1)`` log-hyperparameters.
         inducing_inputs: ``Z``, shape ``(Kz, M, D)``.
-        jitter: relative diagonal jitter (part of the model: the same in every term).
+        jitter: absolute diagonal jitter (part of the model: the same in every term).
 
     Returns:
         ``(S, 1, Kk, M, M)`` lower-triangular factors.
@@ -249,7 +263,7 @@ def prior_cholesky(theta: Tensor, inducing_inputs: Tensor, jitter: float) -> Ten
     K_ZZ = kern(inducing_inputs)
     if jitter:
         eye = torch.eye(K_ZZ.shape[-1], dtype=K_ZZ.dtype, device=K_ZZ.device)
-        K_ZZ = K_ZZ + (jitter * kern.variance)[..., None, None] * eye
+        K_ZZ = K_ZZ + jitter * eye
     return jitter_cholesky(K_ZZ, name="K_ZZ (prior covariance of the inducing outputs)")
 
 

@@ -20,13 +20,15 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from inference.loop import LoopConfig, Plateau, run_loop, state_from_tree, state_to_tree
+from inference.loop import (LoopConfig, NoImprovement, Plateau, run_loop, state_from_tree,
+                            state_to_tree)
 from inference.svi import SVI
 from inference.yogi import YogiConfig
 from models.vargp import (MAX_PLATE_NESTING, HyperPosterior, Hyperparameters, InducingSet,
                           PointHyperparameters, posterior_factors, predictive_probabilities,
                           task_program)
-from models.vargp_math import concat_inducing_inputs, f_marginals, mc_softmax, task_slices
+from models.vargp_math import (concat_inducing_inputs, f_marginals, kernel_theta, mc_softmax,
+                               task_slices)
 from ppl_cl.batch import Batch, as_numpy
 from ppl_cl.configs.vargp import VARGPConfig
 from ppl_cl.learner import Learner, check_batch
@@ -72,8 +74,7 @@ class VARGP(Learner):
         self.num_classes = c.num_classes
         self.device = check_torch_device(c.device)
         self.dtype = _DTYPES[c.dtype]
-        self.jitter = float(c.jitter) if c.jitter is not None else (
-            1e-5 if self.dtype == torch.float32 else 1e-8)
+        self.jitter = float(c.jitter)
         self.input_dim: int | None = None
         self.tasks: list[InducingSet] = []
         self.hyper: Hyperparameters | None = None
@@ -87,8 +88,8 @@ class VARGP(Learner):
     def _probs(self, x: torch.Tensor, sets, hyper: Hyperparameters, seed: int) -> torch.Tensor:
         c = self.config
         return predictive_probabilities(
-            x, sets, hyper, guide=c.guide, jitter=self.jitter,
-            num_theta_samples=c.num_predict_samples, num_f_samples=c.num_f_samples,
+            x, sets, hyper, guide=c.guide, jitter=self.jitter, amplitude=c.amplitude,
+            num_theta_samples=c.num_predict_samples, num_f_samples=c.num_predict_f_samples,
             generator=torch.Generator().manual_seed(seed))
 
     def program(self, x: torch.Tensor):
@@ -100,11 +101,10 @@ class VARGP(Learner):
             x, self.tasks, self.hyper, num_classes=c.num_classes,
             num_inducing=c.inducing_per_task, guide=c.guide,
             point_hyperparameters=c.hyperparameters == "point", beta=c.beta,
-            num_theta_samples=c.num_theta_samples, num_f_samples=c.num_f_samples,
-            theta_init_scale=c.theta_init_scale, ard=c.ard, scale_tril_init=c.scale_tril_init,
-            global_init=c.global_init, jitter=self.jitter, task=t,
+            num_theta_samples=c.num_theta_samples, num_f_samples=c.num_f_samples, ard=c.ard,
+            jitter=self.jitter, amplitude=c.amplitude,
             inducing_generator=torch.Generator().manual_seed(self._seed(2, t)),
-            theta_generator=torch.Generator().manual_seed(self._seed(5)))
+            theta_generator=torch.Generator().manual_seed(self._seed(5, t)))
 
     # -- the protocol --------------------------------------------------------------------------
     def update(self, batch: Batch, validation: Batch | None = None, *,
@@ -116,9 +116,10 @@ class VARGP(Learner):
         Args:
             batch: the task's training data (``x (N, D)``, integer labels ``y (N,)`` in
                 ``0..K-1``).
-            validation: optional held-out batch for early stopping on its accuracy (Algorithm
-                1) and, with ``restore_best``, for restoring the best epoch; without it the
-                run lasts ``max_epochs`` and keeps the last parameters.
+            validation: optional held-out batch for early stopping on its accuracy
+                (``config.stopping``; the experiments pass the validation images of every
+                class seen so far); without it the run lasts ``max_epochs``. The last epoch's
+                parameters are kept either way.
             snapshot: called during the task, every ``snapshot_every_s`` seconds at an epoch's
                 end, with ``{"task": t, "loop": tree}`` (the run loop's state as a tree for
                 :func:`ppl_cl.persist.save_tree`).
@@ -158,21 +159,23 @@ class VARGP(Learner):
         B = min(N, c.batch_size)
         state = engine.init(seed, x[:B], y[:B])
         validate = None
-        if validation is not None:
+        if validation is not None and c.stopping != "none":
             xv, yv = validation.torch(self.device, self.dtype)
             val_seed = self._seed(3, t)
 
             def validate(s) -> float:
                 return program.accuracy(engine.constrained(s), xv, yv,
-                                        num_theta_samples=c.num_predict_samples,
+                                        num_theta_samples=c.num_theta_samples,
                                         num_f_samples=c.num_f_samples,
                                         generator=torch.Generator().manual_seed(val_seed))
 
         progress = c.progress if c.progress is not None else progress_enabled()
+        stopping = {"code": NoImprovement(c.patience, c.tolerance),
+                    "algorithm1": Plateau(c.patience, c.tolerance), "none": None}[c.stopping]
         loop = LoopConfig(batch_size=c.batch_size, max_epochs=c.max_epochs,
-                          stopping=Plateau(c.patience, c.tolerance),
-                          keep="best" if c.restore_best else "last", seed=seed,
-                          progress=bool(progress), desc=f"VAR-GP task {t}")
+                          validate_every=c.validate_every if c.stopping == "code" else 1,
+                          stopping=stopping, keep="last", seed=seed, progress=bool(progress),
+                          desc=f"VAR-GP task {t}")
         result = run_loop(
             engine, state, (x, y), loop, validate=validate,
             snapshot=None if snapshot is None else (
@@ -193,14 +196,14 @@ class VARGP(Learner):
                   "seconds_per_epoch": result.seconds_per_epoch,
                   "epoch_losses": list(result.epoch_losses),
                   "validation": [v for _, v in result.validation]}
-        record.update(_theta_summary(hyper))
+        record.update(_theta_summary(hyper, c.amplitude))
         self.history.append(record)
         return record
 
     def predict(self, x: Any, task_id: int | None = None) -> CategoricalPredictive:
         """Posterior predictive (App. A.1): softmax averaged over ``num_predict_samples`` theta
-        draws and ``num_f_samples`` f draws each (seeded from the config: the same state gives
-        the same probabilities). ``task_id`` is ignored (single head)."""
+        draws and ``num_predict_f_samples`` f draws each (seeded from the config: the same
+        state gives the same probabilities). ``task_id`` is ignored (single head)."""
         if not self.tasks:
             raise self._not_fitted("predict")
         b = Batch(x).validate(input_dim=self.input_dim, require_targets=False, allow_empty=True)
@@ -270,7 +273,8 @@ class VARGP(Learner):
         sets = self.tasks
         Z = concat_inducing_inputs(sets)
         M = Z.shape[-2]
-        theta = self.hyper.draws(num_draws, gen).expand(num_draws, 1, *self.hyper.mean.shape)
+        theta = kernel_theta(self.hyper.draws(num_draws, gen), c.amplitude).expand(
+            num_draws, 1, *self.hyper.mean.shape)
         H = theta.shape[-2]
         xt = yt = None
         if x is not None:
@@ -322,12 +326,13 @@ class VARGP(Learner):
                                        "num_tasks": self.num_updates})
 
 
-def _theta_summary(hyper: Hyperparameters) -> dict[str, float]:
+def _theta_summary(hyper: Hyperparameters, amplitude: str) -> dict[str, float]:
     """Where the (mean of the) log-hyperparameters ended after a task, for the trajectory of
     theta over tasks (Sect. 5.3: MLE hyperparameters "stuck in a local minimum"):
     ``theta_log_variance`` (mean over the hyperparameter sets) and the median / min / max of all
-    log-lengthscales; ``theta_scale_median``: median std of q_t(theta) (0 for point theta)."""
-    loc = hyper.mean.detach().to("cpu", torch.float64)
+    log-lengthscales; ``theta_scale_median``: median std of q_t(theta) (0 for point theta).
+    ``theta_log_variance`` is the kernel's log variance (:func:`models.vargp_math.kernel_theta`)."""
+    loc = kernel_theta(hyper.mean.detach(), amplitude).to("cpu", torch.float64)
     log_l = loc[..., 1:]
     return {"theta_log_variance": float(loc[..., 0].mean()),
             "theta_log_lengthscale_median": float(log_l.median()),

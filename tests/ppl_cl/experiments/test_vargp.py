@@ -18,8 +18,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SMALL = VARGPConfig(num_classes=4, inducing_per_task=5, batch_size=40, max_epochs=2,
                     patience=4, num_theta_samples=2, num_f_samples=4, num_predict_samples=4,
-                    learning_rate=3e-2, beta=1.0, theta_init_scale=0.1, global_init="task",
-                    dtype="float64")
+                    learning_rate=3e-2, beta=1.0, validate_every=1, dtype="float64")
 QUICK = dict(quick=True, show_progress=False)
 
 
@@ -105,28 +104,21 @@ def test_run_stream_scores_the_final_learner_on_every_validation_set():
     assert run_stream(splits, None, SMALL, _Ctx())["final_avg_validation_accuracy"] is None
 
 
-def test_seen_validation_scores_every_task_so_far(tmp_path, monkeypatch):
-    """validation="seen": the batch given to task t's early stopping is the union of the
-    validation images of tasks 1..t; "task" gives task t's alone; other values are refused."""
-    from ppl_cl.errors import ConfigError
-
-    seen = {}
+def test_early_stopping_scores_every_class_seen_so_far(tmp_path, monkeypatch):
+    """The batch given to task t's early stopping is the union of the validation images of
+    tasks 1..t (uber-research/vargp ``experiments/vargp.py``:
+    ``mnist_val.filter_by_class(range(2 * t + 2))``)."""
+    seen = []
     real_update = VARGP.update
 
     def spy(self, batch, validation=None, **kwargs):
-        seen.setdefault(mode, []).append(sorted(set(np.asarray(validation.y).tolist())))
+        seen.append(sorted(set(np.asarray(validation.y).tolist())))
         return real_update(self, batch, validation=validation, **kwargs)
 
     monkeypatch.setattr(VARGP, "update", spy)
-    for mode in ("task", "seen"):
-        run_experiment("vargp-split-digits", out=tmp_path / mode, **QUICK,
-                       overrides={"ablations": "[]", "learner.max_epochs": "1",
-                                  "validation": mode})
-    assert seen["task"] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
-    assert seen["seen"] == [list(range(2 * (t + 1))) for t in range(5)]
-    with pytest.raises(ConfigError, match="validation"):
-        run_experiment("vargp-split-digits", out=tmp_path / "bad", **QUICK,
-                       overrides={"ablations": "[]", "validation": "all"})
+    run_experiment("vargp-split-digits", out=tmp_path / "r", **QUICK,
+                   overrides={"ablations": "[]", "learner.max_epochs": "1"})
+    assert seen == [list(range(2 * (t + 1))) for t in range(5)]
 
 
 def test_stopped_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
