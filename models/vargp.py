@@ -61,7 +61,7 @@ from torch import Tensor
 
 from models.vargp_math import (HyperPosterior, Hyperparameters, InducingSet,
                                PointHyperparameters, concat_inducing_inputs,
-                               conditional_prior_mean, f_marginals, kernel_theta, mc_softmax,
+                               conditional_prior_mean, f_marginals, kernel_theta,
                                previous_posterior_term, prior_cholesky, sample_f, task_slices,
                                whitened_posterior)
 
@@ -571,6 +571,7 @@ def predictive_probabilities(inputs: Tensor, sets: Sequence[InducingSet],
     for start in range(0, x.shape[0], chunk):
         xb = x[start:start + chunk]
         f_loc, f_var = f_marginals(theta, xb, Z, L, v_bar, factors)    # (S, 1, K, b)
-        probs = mc_softmax(f_loc, f_var, num_f_samples, generator).mean(0)   # (K, b)
+        f = sample_f(f_loc, f_var, num_f_samples, generator)          # (S, S_f, K, b)
+        probs = torch.softmax(f, dim=-2).mean(dim=(0, 1))               # (K, b)
         out.append(probs.transpose(0, 1))
     return torch.cat(out, dim=0) if out else x.new_zeros(0, K)

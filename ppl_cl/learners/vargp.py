@@ -203,10 +203,14 @@ class VARGP(Learner):
     def predict(self, x: Any, task_id: int | None = None) -> CategoricalPredictive:
         """Posterior predictive (App. A.1): softmax averaged over ``num_predict_samples`` theta
         draws and ``num_predict_f_samples`` f draws each (seeded from the config: the same
-        state gives the same probabilities). ``task_id`` is ignored (single head)."""
-        if not self.tasks:
-            raise self._not_fitted("predict")
+        state gives the same probabilities); before the first task, the prior predictive
+        (1/K for every class). ``task_id`` is ignored (single head)."""
         b = Batch(x).validate(input_dim=self.input_dim, require_targets=False, allow_empty=True)
+        if not self.tasks:
+            # the prior predictive: the K class GPs are exchangeable a priori (zero mean, one
+            # kernel), so E[softmax(f)] = 1/K for every class
+            return CategoricalPredictive(np.full((len(b), self.num_classes),
+                                                 1.0 / self.num_classes))
         xt, _ = b.torch(self.device, self.dtype)
         probs = self._probs(xt, self.tasks, self.hyper, self._seed(4))
         return CategoricalPredictive(as_numpy(probs).astype(np.float64))

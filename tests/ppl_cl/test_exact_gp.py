@@ -101,8 +101,12 @@ def test_bad_input_leaves_state_unchanged():
         ExactGP(kernel="rbf")
     with pytest.raises(ValueError, match="noise_variance"):
         ExactGP(noise_variance=-1.0)
-    with pytest.raises(NotFittedError, match="before predict"):
-        ExactGP().predict(XS)
+    # before any update: the GP prior at the starting hyperparameters (variance 1, noise 0.1)
+    prior = ExactGP(kernel="se").predict(XS)
+    np.testing.assert_allclose(prior.mean, 0.0)
+    np.testing.assert_allclose(prior.variance, 1.1, rtol=1e-12)
+    with pytest.raises(NotFittedError):
+        ExactGP().hyperparameters()
 
 
 # PSIS-LOO on a Gaussian-noise GP with few draws often has Pareto k > 0.7: expected, not a bug.

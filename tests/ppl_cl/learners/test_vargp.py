@@ -14,7 +14,6 @@ import torch
 from ppl_cl.batch import Batch, Task
 from ppl_cl.configs import from_dict, to_dict
 from ppl_cl.data.synthetic import four_blobs
-from ppl_cl.errors import NotFittedError
 from ppl_cl.learners import learner_class, load_learner
 from models.vargp import PointHyperparameters
 from ppl_cl.learners.vargp import VARGP, VARGPConfig
@@ -83,8 +82,9 @@ def test_protocol_update_predict_and_registry(blobs):
     assert from_dict(VARGPConfig, json.loads(json.dumps(to_dict(learner.config)))) == \
         learner.config
     assert VARGP().config == VARGPConfig()    # no argument: the validated Split MNIST setting
-    with pytest.raises(NotFittedError, match="update"):
-        learner.predict(blobs["xt"])
+    prior = learner.predict(blobs["xt"])           # the prior predictive: 1/K for each class
+    np.testing.assert_array_equal(prior.probs, np.full((len(blobs["xt"]), 4), 0.25))
+    assert learner.tasks == [] and learner.num_updates == 0
     rec = learner.update(blobs["train"][0], validation=blobs["valid"][0])
     for key in ("task", "epochs", "steps", "best_epoch", "best_validation", "stopped_early",
                 "final_loss", "wall_time_s", "seconds_per_epoch"):
