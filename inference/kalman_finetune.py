@@ -51,6 +51,8 @@ class FinetuneOptions(NamedTuple):
         optimizer: ``"sgd"`` or ``"adamw"`` (App. D.3, Table 3).
         learning_rate: eta, the step size of log alpha.
         backbone_scale: beta; theta's step size is ``beta * eta`` (App. D.1).
+        backbone_learning_rate: theta's step size when given (``None``: ``beta * eta``); the
+            step sizes may be traced arrays (a search over them compiles once).
         weight_decay: AdamW's lambda.
         replay_capacity: points in the memory (0: no replay, App. D.4: 100).
         replay_size: points replayed per chunk (App. D.4: 10).
@@ -63,6 +65,7 @@ class FinetuneOptions(NamedTuple):
     optimizer: str = "sgd"
     learning_rate: float = 0.01
     backbone_scale: float = 1.0
+    backbone_learning_rate: Any = None
     weight_decay: float = 1e-4
     replay_capacity: int = 0
     replay_size: int = 10
@@ -94,15 +97,27 @@ class FinetuneInfo(NamedTuple):
     Attributes:
         loss: the chunk's mean negative log predictive under the pre-chunk statistics, before
             the (theta, alpha) step (step 1 of the module docstring; replayed points included).
+        prequential_log_predictive: the mean log predictive of the chunk's own points (no
+            replay) under the pre-chunk statistics and (theta, alpha): the prequential
+            log-loss of the chunk, with the loss's Monte Carlo draws.
         chunk: the recursion's :class:`inference.kalman.ChunkInfo`.
         mask: ``(b + replay_size,)`` booleans: the points the recursion used.
-        finite: whether every new parameter and statistic is finite.
+        finite: ``{quantity: finite}`` for the loss and every new parameter and statistic
+            (``loss``, ``mean``, ``covariance``, ``delta``, ``alpha``, ``theta``).
     """
 
     loss: Array
+    prequential_log_predictive: Array
     chunk: kf.ChunkInfo
     mask: Array
     finite: Array
+
+
+def _finite(named: dict[str, Any]) -> dict[str, Array]:
+    """``{name: all leaves finite}`` for a dict of arrays / trees."""
+    return {k: jnp.all(jnp.stack([jnp.all(jnp.isfinite(v))
+                                  for v in jax.tree_util.tree_leaves(x)] or [jnp.asarray(True)]))
+            for k, x in named.items()}
 
 
 class KalmanFinetune:
@@ -153,8 +168,10 @@ class KalmanFinetune:
                 optax.adamw(lr, weight_decay=o.weight_decay)
 
         labels = {k: jax.tree_util.tree_map(lambda _, k=k: k, v) for k, v in trainable.items()}
+        theta_rate = o.learning_rate * o.backbone_scale if o.backbone_learning_rate is None \
+            else o.backbone_learning_rate
         return optax.multi_transform({"log_alpha": make(o.learning_rate),
-                                      "theta": make(o.learning_rate * o.backbone_scale)}, labels)
+                                      "theta": make(theta_rate)}, labels)
 
     # -- the engine -----------------------------------------------------------------------------
     def init(self, rng: Array, *, input_dim: int, initial_forgetting: float = 1.0,
@@ -201,25 +218,25 @@ class KalmanFinetune:
         def loss_fn(trainable):
             th = trainable.get("theta", theta)
             la = trainable.get("log_alpha", log_alpha)
-            return -kf.mean_log_predictive(k_loss, kstate, self.features(th, xa), ya,
-                                           self._params(la), self.filter_options, mask)
+            lp = kf.log_predictive(k_loss, kstate, self.features(th, xa), ya, self._params(la),
+                                   self.filter_options)
+            return -kf.masked_mean(lp, mask), lp
 
         trainable = self._trainable(theta, log_alpha)
         if trainable:
-            loss, grads = jax.value_and_grad(loss_fn)(trainable)
+            (loss, lp), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable)
             updates, opt_state = self._optimizer(trainable).update(grads, opt_state, trainable)
             trainable = optax.apply_updates(trainable, updates)
             theta = trainable.get("theta", theta)
             log_alpha = trainable.get("log_alpha", log_alpha)
         else:
-            loss = loss_fn({})
+            loss, lp = loss_fn({})
         # App. D.2: recompute the features with the new theta, then the recursion
         kstate, chunk = self._filter(log_alpha).step(k_rec, kstate,
                                                      (self.features(theta, xa), ya, mask))
         if memory is not None:
             memory = replay_add(memory, x, y)
-        leaves = [kstate.mean, kstate.covariance, kstate.delta, log_alpha] + \
-            jax.tree_util.tree_leaves(theta)
-        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(v)) for v in leaves]))
+        finite = _finite({"loss": loss, "mean": kstate.mean, "covariance": kstate.covariance,
+                          "delta": kstate.delta, "alpha": log_alpha, "theta": theta})
         return (FinetuneState(kstate, theta, log_alpha, opt_state, memory),
-                FinetuneInfo(loss, chunk, mask, finite))
+                FinetuneInfo(loss, jnp.mean(lp[: x.shape[0]]), chunk, mask, finite))

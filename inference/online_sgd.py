@@ -33,7 +33,7 @@ class SGDState(NamedTuple):
 
 class SGDInfo(NamedTuple):
     """Attributes: loss (the chunk's mean cross-entropy before the step, replay included);
-    finite (every new parameter is finite)."""
+    finite (``{"loss", "head", "theta"}``: whether each is finite after the step)."""
 
     loss: Array
     finite: Array
@@ -95,6 +95,10 @@ class OnlineSGD:
         params = optax.apply_updates(params, updates)
         if memory is not None:
             memory = replay_add(memory, x, y)
-        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(v))
-                                    for v in jax.tree_util.tree_leaves(params)]))
+        finite = {"loss": jnp.isfinite(loss),
+                  "head": jnp.all(jnp.stack([jnp.all(jnp.isfinite(v)) for v in
+                                             jax.tree_util.tree_leaves(params["head"])])),
+                  "theta": jnp.all(jnp.stack([jnp.all(jnp.isfinite(v)) for v in
+                                              jax.tree_util.tree_leaves(params["theta"])]
+                                             or [jnp.asarray(True)]))}
         return SGDState(params, opt_state, memory), SGDInfo(loss, finite)

@@ -6,7 +6,9 @@
   validation batch where the learner takes one), then every task's test set scored; resumable
   after any task (VAR-GP Sect. 5, Split / Permuted MNIST);
 * :func:`prequential` — online chunks: predict a chunk, then learn from it (Kalman OCL
-  Sect. 4.2, eq. 14).
+  Sect. 4.2, eq. 14);
+* :func:`select_prequential` — the candidate settings with the highest cumulative log
+  predictive on a (held-out) stream (prequential MDL, Kalman OCL App. D.1).
 
 Each loop is generic over any learner of the protocol (:mod:`ppl_cl.learner`) and returns its
 raw records; metrics are :mod:`ppl_cl.metrics`' pure functions of them.
@@ -25,7 +27,7 @@ from ppl_cl.predictive import CategoricalPredictive, GaussianPredictive
 from ppl_cl.progress import progress as _progress
 
 __all__ = ["evaluate_tasks", "ContinualResult", "continual_tasks", "PrequentialResult",
-           "prequential"]
+           "prequential", "select_prequential"]
 
 
 # -- continual tasks ----------------------------------------------------------------------------
@@ -253,3 +255,38 @@ def prequential(learner: Any, chunks: Iterable[Batch], progress: bool | None = F
     )
 
 
+
+
+# -- selection by prequential MDL (Kalman OCL App. D.1) ------------------------------------------
+
+def select_prequential(make_learner: Callable[[Any], Any], candidates: Sequence[Any],
+                       chunks: Sequence[Batch], *, progress: bool | None = False,
+                       desc: str = "select") -> tuple[int, np.ndarray]:
+    """The candidate whose learner has the highest cumulative log predictive on ``chunks``:
+    prequential MDL, the selection rule of Kalman OCL App. D.1 (after Bornschein et al. 2022).
+
+    Run it on a held-out stream so that the reported stream does not choose its own settings.
+
+    Args:
+        make_learner: ``make_learner(candidate)`` -> a fresh learner.
+        candidates: the settings to compare (any objects ``make_learner`` takes).
+        chunks: the held-out stream.
+        progress, desc: a progress bar over the candidates.
+
+    Returns:
+        ``(index of the best candidate, cumulative log predictive of each candidate)``; a
+        candidate whose update fails with a ``ValueError`` (e.g. a step size that makes the
+        state non-finite) scores ``-inf``; if every candidate fails the last error is raised.
+    """
+    if len(candidates) == 0:
+        raise ValueError("candidates: expected at least one, received none")
+    scores = np.full(len(candidates), -np.inf)
+    error: Exception | None = None
+    for i, cand in enumerate(_progress(candidates, desc=desc, enabled=progress)):
+        try:
+            scores[i] = prequential(make_learner(cand), chunks).log_prob.sum()
+        except ValueError as err:           # diverged: this candidate loses
+            error = err
+    if not np.isfinite(scores).any():
+        raise error if error is not None else ValueError("no candidate gave a finite score")
+    return int(np.argmax(scores)), scores

@@ -18,7 +18,7 @@ from typing import Literal
 __all__ = ["NetworkConfig", "KalmanConfig", "KalmanRegressorConfig", "OnlineSGDConfig"]
 
 NetworkName = Literal["identity", "mlp", "cnn", "resnet18"]
-Transition = Literal["always", "last"]
+Transition = Literal["always", "last", "first"]
 Optimizer = Literal["sgd", "adamw"]
 DType = Literal["float32", "float64"]
 
@@ -116,7 +116,7 @@ class _KalmanCommon:
         g0 = self.initial_forgetting
         if isinstance(g0, bool) or not isinstance(g0, (int, float)) or not (0.0 < g0 <= 1.0):
             raise ValueError(f"initial_forgetting: expected gamma_0 in (0, 1], received {g0!r}")
-        _choice("transition", self.transition, ("always", "last"))
+        _choice("transition", self.transition, ("always", "last", "first"))
         _choice("optimizer", self.optimizer, ("sgd", "adamw"))
         _choice("dtype", self.dtype, ("float32", "float64"))
         for name in ("learning_rate", "backbone_scale", "forgetting_learning_rate"):
@@ -155,8 +155,11 @@ class KalmanConfig(_KalmanCommon):
         initial_forgetting: gamma_0 (Algorithm 1: delta_0 = 0, gamma_0 = 1).
         forgetting_learning_rate: rho, the SGD step of delta (App. D.1 grid 0.5 ... 0.001).
         max_delta: an upper clip of delta (``None``: only ``delta >= 0``, as in Sect. 2.1.1).
-        calibrated_forgetting: learn delta on the calibrated eq. 13 instead of eq. 12.
-        transition: App. D.2's ``"always"`` (Always Markov) or ``"last"`` (Last Step Markov).
+        calibrated_forgetting: learn delta on the calibrated eq. 13 (Sect. 2.1.2 replaces the
+            softmax of eq. 11 by the calibrated one; the default); ``False``: on eq. 12.
+        transition: App. D.2's ``"always"`` (Always Markov) or ``"last"`` (Last Step Markov:
+            the transition on the chunk's last point); ``"first"``: the chunk as one time
+            step with its transition before the first point (an alternative reading).
         prior_variance: s_w2 (``None``: Algorithm 1's 1/m).
         noise_variance: s2 of the Gaussian surrogate (``None``: Algorithm 1's 1/K).
         num_samples: S, Monte Carlo samples of eqs. 12-13.
@@ -171,7 +174,7 @@ class KalmanConfig(_KalmanCommon):
     num_classes: int = 10
     learn_calibration: bool = True
     initial_calibration: float = 1.0
-    calibrated_forgetting: bool = False
+    calibrated_forgetting: bool = True
     num_samples: int = 16
 
     def __post_init__(self) -> None:

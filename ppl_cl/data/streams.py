@@ -10,7 +10,7 @@
 * :func:`sorted_batches` -- VIPS' streaming UCI protocol (Sect. 5.3): sort by one input
   column, cut into consecutive batches;
 * :func:`online_chunks`, :func:`task_stream` -- online continual learning (Kalman OCL paper,
-  Sect. 5.2): a stream of small chunks; tasks concatenated with boundaries kept for plots
+  Sect. 4.2): a stream of small chunks; tasks concatenated with boundaries kept for plots
   but not given to the learner;
 * :func:`validation_split` -- VAR-GP reference validation set (last ``n_valid`` of a random
   permutation).
@@ -332,7 +332,7 @@ def sorted_batches(x: Any, y: Any, column: int = 0, n_batches: int = 20) -> list
 
 def online_chunks(x: Any, y: Any, chunk_size: int = 10, shuffle: bool = False,
                   seed: int | np.random.Generator = 0) -> list[Batch]:
-    """Cut a data stream into consecutive chunks (Kalman OCL Sect. 5.2, App. D.2).
+    """Cut a data stream into consecutive chunks (Kalman OCL Sect. 4.2, App. D.2).
 
     Rows are taken in their order (or in one random order with ``shuffle``, the stationary
     CIFAR-100 protocol); every chunk has ``chunk_size`` rows except possibly the last.
@@ -372,7 +372,7 @@ class TaskStream(NamedTuple):
 def task_stream(tasks: Sequence[tuple[Any, Any] | Batch | TaskSplit], chunk_size: int = 10,
                 shuffle_within_tasks: bool = False, seed: int | np.random.Generator = 0
                 ) -> TaskStream:
-    """The task-agnostic non-stationary stream (Kalman OCL Sect. 5.2, after Lee et al. 2020).
+    """The task-agnostic non-stationary stream (Kalman OCL Sect. 4.2, after Lee et al. 2020).
 
     Tasks are concatenated in order (e.g. Split CIFAR-100: 10 tasks of 10 classes) and the
     result is cut into chunks of ``chunk_size`` rows like :func:`online_chunks`. The task

@@ -14,7 +14,7 @@ tuples so that tests check them exactly.
   2024, Sect. 5.1, App. F.1); :func:`vips_speed_accuracy` -- VIPS Fig. 2a (Sect. 5.2,
   App. F.2.1);
 * :func:`kalman_piecewise_series` -- the Kalman OCL time series (Titsias et al. 2024,
-  Sect. 5.1, Fig. 1, App. C).
+  Sect. 4.1, Fig. 1, App. C).
 """
 
 from __future__ import annotations
@@ -468,7 +468,7 @@ def vips_speed_accuracy(seed: int | np.random.Generator = 0) -> SpeedAccuracyDat
 
 
 # ===========================================================================================
-# Kalman OCL: piecewise-constant time series (Sect. 5.1, Fig. 1, App. C)
+# Kalman OCL: piecewise-constant time series (Sect. 4.1, Fig. 1, App. C)
 # ===========================================================================================
 
 KALMAN_SERIES_LENGTH: int = 3058
@@ -501,7 +501,7 @@ class PiecewiseSeries(NamedTuple):
 
 
 def kalman_piecewise_series(seed: int | np.random.Generator = 0) -> PiecewiseSeries:
-    """The artificial series of the Kalman OCL paper (Sect. 5.1, Fig. 1, App. C).
+    """The artificial series of the Kalman OCL paper (Sect. 4.1, Fig. 1, App. C).
 
     3058 observations in 8 segments with means :data:`KALMAN_SEGMENT_MEANS` and change points
     :data:`KALMAN_CHANGE_POINTS`; ``y_n = mean_n + eps_n``, ``eps_n ~ N(0, 0.01)``.

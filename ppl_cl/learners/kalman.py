@@ -38,7 +38,7 @@ from ppl_cl.learner import Learner, check_batch
 from ppl_cl.predictive import CategoricalPredictive, GaussianPredictive
 
 __all__ = ["KalmanClassifier", "KalmanRegressor", "KalmanConfig", "KalmanRegressorConfig",
-           "ChunkLearner", "representation", "tree_state", "restore_tree"]
+           "ChunkLearner", "representation", "check_finite", "tree_state", "restore_tree"]
 
 #: the seed offset of the representation's initial parameters (kept apart from the chunk keys)
 THETA_STREAM = 2**31 - 1
@@ -60,6 +60,15 @@ def representation(network: NetworkConfig, input_dim: int, *, bias: bool, normal
                           input_shape=network.input_shape, channels=tuple(network.channels),
                           width=network.resnet_width, dtype=jnp.dtype(dtype))
     return with_postprocessing(net, normalization=normalization, bias=bias)
+
+
+def check_finite(finite: dict[str, Any], rates: str) -> None:
+    """Raise ``ValueError`` naming every quantity an update made non-finite (``finite``:
+    ``{name: bool}`` from the engine); the learner keeps its state."""
+    bad = [name for name, ok in finite.items() if not bool(ok)]
+    if bad:
+        raise ValueError(f"update produced non-finite values (NaN/inf) in {', '.join(bad)}; "
+                         f"the state is unchanged (too large {rates}?)")
 
 
 def tree_state(tree: Any) -> list[np.ndarray]:
@@ -93,12 +102,24 @@ def restore_tree(arrays: Any, like: Any, name: str) -> Any:
 # the compiled engine of one configuration
 # ---------------------------------------------------------------------------------------------
 def _compile_key(config: Any) -> Any:
-    """The fields that shape the compiled functions (the seed and the initial values of
-    gamma and alpha only enter the state)."""
-    drop = {"seed": 0, "initial_forgetting": 1.0}
+    """The fields that shape the compiled functions: the seed and the initial values of gamma
+    and alpha only enter the state, and the step sizes are arguments (:func:`_rates`), so a
+    search over step sizes compiles once."""
+    drop = {"seed": 0, "initial_forgetting": 1.0, "learning_rate": 0.01, "backbone_scale": 1.0,
+            "forgetting_learning_rate": 0.01}
     if hasattr(config, "initial_calibration"):
         drop["initial_calibration"] = 1.0
     return dataclasses.replace(config, **drop)
+
+
+def _rates(config: Any, dtype: Any):
+    """``[eta, beta * eta, rho]``: the step sizes of alpha, theta and delta (App. D.1), the
+    product taken in Python like a constant would be."""
+    import jax.numpy as jnp
+
+    c = config
+    return jnp.asarray([c.learning_rate, c.learning_rate * c.backbone_scale,
+                        c.forgetting_learning_rate], dtype)
 
 
 @functools.lru_cache(maxsize=64)
@@ -143,12 +164,18 @@ def _compiled(config: Any, likelihood: str, input_dim: int):
     def predict(state, x, base_key, index):
         return engine.predict(chunk_key(base_key, index, 0), state, x)
 
-    def update(state, x, y, base_key, index):
-        state, info = engine.step(chunk_key(base_key, index, 1), state, (x, y))
+    def update(state, x, y, base_key, index, rates):
+        # the engine with the step sizes of this learner (traced: one compilation for all)
+        stepper = KalmanFinetune(
+            net.init, net.apply, m, K, params,
+            filter_options._replace(learning_rate=rates[2]),
+            options._replace(learning_rate=rates[0], backbone_learning_rate=rates[1]))
+        state, info = stepper.step(chunk_key(base_key, index, 1), state, (x, y))
         mask = info.mask
         record = {"loss": info.loss, "gamma": kf.forgetting(state.filter),
                   "alpha": jnp.exp(state.log_alpha), "finite": info.finite,
-                  "online_log_predictive": jnp.sum(info.chunk.steps.log_predictive * mask)
+                  "prequential_log_predictive": info.prequential_log_predictive,
+                  "recursion_log_predictive": jnp.sum(info.chunk.steps.log_predictive * mask)
                   / jnp.sum(mask)}
         return state, record
 
@@ -281,6 +308,13 @@ class _KalmanLearner(ChunkLearner):
     def update(self, batch: Batch) -> dict[str, Any]:
         """Learn from one chunk (module docstring: replay, fine-tuning, recursion).
 
+        The record: ``loss`` (the fine-tuning objective before the step, replay included),
+        ``prequential_log_predictive`` (mean log predictive of the chunk's own points before
+        the update: the prequential log-loss of this chunk, per point),
+        ``recursion_log_predictive`` (mean one-step log predictive the recursion saw, after
+        the (theta, alpha) step, replayed points included), ``gamma`` and ``alpha`` after the
+        chunk, ``num_points``, ``chunk``.
+
         Raises ValueError (state unchanged) on non-finite inputs, bad labels, a changed feature
         dimension, or when the update itself produced non-finite numbers.
         """
@@ -290,12 +324,11 @@ class _KalmanLearner(ChunkLearner):
         _, _, update, _ = self._functions()
         xj, _ = batch.jax(self._dtype)
         yj = self._target_array(batch.y)
-        new_state, record = update(self._state, xj, yj, self._key, np.int32(self._chunk_index))
-        record = {k: float(v) for k, v in jax.device_get(record).items()}
-        if not record.pop("finite"):
-            raise ValueError("update produced non-finite values (NaN/inf) in the filter state or "
-                             "the representation; the state is unchanged (lower learning_rate / "
-                             "forgetting_learning_rate?)")
+        new_state, record = update(self._state, xj, yj, self._key, np.int32(self._chunk_index),
+                                   _rates(self.config, self._dtype))
+        record = jax.device_get(record)
+        check_finite(record.pop("finite"), "learning_rate / forgetting_learning_rate")
+        record = {k: float(v) for k, v in record.items()}
         self._state = new_state
         self._chunk_index += 1
         # stream points seen (replayed points are not counted)

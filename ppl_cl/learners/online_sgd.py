@@ -19,7 +19,8 @@ import numpy as np
 
 from ppl_cl.batch import Batch, as_numpy
 from ppl_cl.configs.kalman import OnlineSGDConfig
-from ppl_cl.learners.kalman import ChunkLearner, representation, restore_tree, tree_state
+from ppl_cl.learners.kalman import (ChunkLearner, check_finite, representation, restore_tree,
+                                    tree_state)
 from ppl_cl.predictive import CategoricalPredictive
 
 __all__ = ["OnlineSGDClassifier", "OnlineSGDConfig"]
@@ -27,7 +28,8 @@ __all__ = ["OnlineSGDClassifier", "OnlineSGDConfig"]
 
 @functools.lru_cache(maxsize=16)
 def _compiled(config: OnlineSGDConfig, input_dim: int):
-    """``(engine, predict, update)`` of one configuration (the seed does not enter them)."""
+    """``(engine, predict, update)`` of one configuration; the seed does not enter them and
+    the step size is an argument of ``update`` (a search over it compiles once)."""
     import jax
 
     from inference.online_sgd import OnlineSGD
@@ -35,9 +37,16 @@ def _compiled(config: OnlineSGDConfig, input_dim: int):
     c = config
     net = representation(c.network, input_dim, bias=c.feature_bias,
                          normalization=c.feature_normalization, dtype=c.dtype)
-    engine = OnlineSGD(net.init, net.apply, net.feature_dim, c.num_classes, c.learning_rate,
-                       c.replay_capacity, c.replay_size)
-    return engine, jax.jit(engine.predict), jax.jit(engine.step)
+
+    def engine(learning_rate):
+        return OnlineSGD(net.init, net.apply, net.feature_dim, c.num_classes, learning_rate,
+                         c.replay_capacity, c.replay_size)
+
+    def update(rng, state, batch, learning_rate):
+        return engine(learning_rate).step(rng, state, batch)
+
+    static = engine(c.learning_rate)
+    return static, jax.jit(static.predict), jax.jit(update)
 
 
 class OnlineSGDClassifier(ChunkLearner):
@@ -59,7 +68,8 @@ class OnlineSGDClassifier(ChunkLearner):
         return int(self.config.num_classes)
 
     def _functions(self):
-        return _compiled(dataclasses.replace(self.config, seed=0), self._input_dim)
+        return _compiled(dataclasses.replace(self.config, seed=0, learning_rate=0.2),
+                         self._input_dim)
 
     def _init_state(self, rng: Any, input_dim: int) -> Any:
         return self._functions()[0].init(rng, input_dim=input_dim, dtype=self._dtype)
@@ -87,11 +97,11 @@ class OnlineSGDClassifier(ChunkLearner):
         xj, _ = batch.jax(self._dtype)
         yj = jnp.asarray(as_numpy(batch.y).astype(np.int32))
         key = jax.random.fold_in(self._key, self._chunk_index)
-        state, info = self._functions()[2](key, self._state, (xj, yj))
-        record = {k: float(v) for k, v in jax.device_get(info._asdict()).items()}
-        if not record.pop("finite"):
-            raise ValueError("update produced non-finite parameters; the state is unchanged "
-                             "(lower learning_rate?)")
+        state, info = self._functions()[2](key, self._state, (xj, yj),
+                                           jnp.asarray(self.config.learning_rate, self._dtype))
+        info = jax.device_get(info)
+        check_finite(info.finite, "learning_rate")
+        record = {"loss": float(info.loss)}
         self._state = state
         self._chunk_index += 1
         record.update(num_points=len(batch), chunk=self._chunk_index)
