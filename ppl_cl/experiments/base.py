@@ -346,9 +346,14 @@ def _check_summary(name: str, metrics: Any) -> None:
     if not isinstance(metrics, dict) or not isinstance(metrics.get("summary"), dict):
         raise TypeError(f"{name}: run() must return a dict with a 'summary' dict")
     for k, v in metrics["summary"].items():
+        # a flat list of numbers is allowed too (a curve named by the issue, e.g. GP-Tree's
+        # summary.session_acc)
+        if isinstance(v, (list, tuple)) and all(isinstance(e, (int, float)) and
+                                                not isinstance(e, bool) for e in v):
+            continue
         if not isinstance(v, (int, float, str, bool)) and v is not None:
-            raise TypeError(f"{name}: summary[{k!r}] must be a number or string (flat), got "
-                            f"{type(v).__name__}")
+            raise TypeError(f"{name}: summary[{k!r}] must be a number, a string or a flat list "
+                            f"of numbers, got {type(v).__name__}")
 
 
 def run_spec(spec: ExperimentSpec, *, quick: bool = False, seed: int = 0, device: str = "cpu",
