@@ -23,7 +23,8 @@ YC = (XC[:, 0] > 0).astype(np.int64) + 2 * (XC[:, 1] > 0).astype(np.int64)   # 4
 XR = RNG.normal(size=(24, 3))
 YR = np.sin(XR[:, 0]) + 0.1 * RNG.normal(size=24)
 
-#: learner_name -> (kwargs of a tiny learner, "classification" | "regression"); a learner
+#: learner_name -> (kwargs of a tiny learner, "classification" | "sessions" (class-incremental:
+#: each batch brings new classes) | "regression"); a learner
 #: without a prior predictive is listed in NO_PRIOR
 CASES = {
     "exact-gp": (dict(kernel="se", max_iterations=20), "regression"),
@@ -33,13 +34,21 @@ CASES = {
     "kalman-classifier": (dict(num_classes=4), "classification"),
     "kalman-regressor": (dict(), "regression"),
     "online-sgd-classifier": (dict(num_classes=4), "classification"),
+    "gp-tree": (dict(num_chains=4, num_steps=3, kmeans_n_init=2), "sessions"),
+    "sbm-gp": (dict(num_chains=4, num_steps=3), "sessions"),
+    "lsm-gibbs": (dict(num_chains=4, num_steps=3), "sessions"),
+    "ove-gibbs": (dict(num_chains=4, num_steps=3), "sessions"),
 }
 
 
-NO_PRIOR: set[str] = set()
+#: the classes of these learners come with the data (a tree, or one GP per class seen)
+NO_PRIOR = {"gp-tree", "sbm-gp", "lsm-gibbs", "ove-gibbs"}
 
 
 def _batches(kind):
+    if kind == "sessions":
+        old, new = YC < 2, YC >= 2
+        return Batch(XC[old], YC[old], 0), Batch(XC[new], YC[new], 1)
     x, y = (XC, YC) if kind == "classification" else (XR, YR)
     return Batch(x[:12], y[:12], 0), Batch(x[12:], y[12:], 0)
 
@@ -79,7 +88,7 @@ def test_the_edges_of_the_protocol(name, tmp_path):
     cls = learner_class(name)
     learner = cls(**kwargs)
     first, second = _batches(kind)
-    expected = CategoricalPredictive if kind == "classification" else GaussianPredictive
+    expected = GaussianPredictive if kind == "regression" else CategoricalPredictive
     if name in NO_PRIOR:
         with pytest.raises(NotFittedError):
             learner.predict(first.x)
@@ -96,9 +105,10 @@ def test_the_edges_of_the_protocol(name, tmp_path):
     with pytest.raises(TypeError, match="Batch"):
         learner.update((first.x, first.y))                 # a tuple is no Batch
     learner.update(first)
-    pred = learner.predict(second.x)
-    assert isinstance(pred, expected) and len(pred) == len(second)
-    assert np.isfinite(pred.log_prob(second.y)).all()
+    probe = first if kind == "sessions" else second      # classes the learner has seen
+    pred = learner.predict(probe.x)
+    assert isinstance(pred, expected) and len(pred) == len(probe)
+    assert np.isfinite(pred.log_prob(probe.y)).all()
     empty = learner.predict(second.x[:0])
     assert isinstance(empty, expected) and len(empty) == 0
     # a refused batch leaves the state as it was
@@ -118,8 +128,8 @@ def test_the_edges_of_the_protocol(name, tmp_path):
     loaded.update(second)
     assert _state_equal(_untimed(loaded.state_dict()), _untimed(learner.state_dict()))
     np.testing.assert_array_equal(np.asarray(getattr(loaded.predict(first.x), "probs", None)
-                                             if kind == "classification"
+                                             if kind != "regression"
                                              else loaded.predict(first.x).mean),
                                   np.asarray(getattr(learner.predict(first.x), "probs", None)
-                                             if kind == "classification"
+                                             if kind != "regression"
                                              else learner.predict(first.x).mean))

@@ -6,7 +6,7 @@ import torch
 
 from ppl_cl import Batch
 from ppl_cl.configs.gp_tree import GPTreeConfig, LSMConfig, OVEConfig, SBMGPConfig
-from ppl_cl.learner import Learner
+from ppl_cl.learners import load_learner
 from ppl_cl.learners.gp_tree import GPTree, NotFittedError, SBMGP
 from ppl_cl.learners.pg_baselines import LSMGibbsClassifier, OVEGibbsClassifier
 from ppl_cl.trees import (chain_tree, class_probabilities, class_prototypes, join, kmeans_tree,
@@ -128,7 +128,7 @@ def test_fscil_sessions_and_exact_resume(tmp_path, variant):
     a.update(Batch(x[sessions[0]], y[sessions[0]]))
     path = tmp_path / "gp.npz"
     a.save(path)
-    b = Learner.load(path)
+    b = load_learner(path)
     assert isinstance(b, GPTree) and b.config == a.config
     np.testing.assert_array_equal(b.predict(xt).probs, a.predict(xt).probs)
     ra = a.update(Batch(x[sessions[1]], y[sessions[1]]))
@@ -234,7 +234,7 @@ def test_multiclass_baselines(klass, tmp_path):
     np.testing.assert_allclose(pred.probs.sum(1), 1.0, atol=1e-9)
     assert pred.accuracy(yt) > 0.85
     m.save(tmp_path / "m.npz")
-    back = Learner.load(tmp_path / "m.npz")
+    back = load_learner(tmp_path / "m.npz")
     np.testing.assert_array_equal(back.predict(xt).probs, pred.probs)
     with pytest.raises(ValueError, match=r"classes \[1\] have no examples"):
         klass(num_chains=2, num_steps=1).update(Batch(x[y != 1], y[y != 1]))
