@@ -1,0 +1,1 @@
+"""One frozen config dataclass per learner (light modules: standard library only)."""
