@@ -280,12 +280,16 @@ class ELLAInfo(NamedTuple):
 def basis_from_sums(A: np.ndarray, b: np.ndarray, num_tasks: int, lam: float, d: int,
                     k: int) -> np.ndarray:
     """``vec(L) = (A/T + lambda I)^-1 b / T`` (Cholesky solve), unvec column-major -> ``(d, k)``."""
-    from scipy.linalg import cho_solve
+    from scipy.linalg import LinAlgError, cho_factor, cho_solve
 
     T = max(int(num_tasks), 1)
     M = A / T + lam * np.eye(d * k)
-    Lc = np.asarray(jitter_cholesky(jnp.asarray(0.5 * (M + M.T)), name="A/T + lambda I"))
-    vecL = cho_solve((Lc, True), b / T)
+    M = 0.5 * (M + M.T)
+    try:  # positive definite by construction (A is PSD, lambda > 0): plain LAPACK first
+        factor = cho_factor(M, lower=True, check_finite=False)
+    except LinAlgError:  # round-off: the one jitter helper
+        factor = (np.asarray(jitter_cholesky(jnp.asarray(M), name="A/T + lambda I")), True)
+    vecL = cho_solve(factor, b / T, check_finite=False)
     return vecL.reshape((d, k), order="F")
 
 
@@ -401,7 +405,7 @@ def _heldout_sse(theta, signal_variances, noise_variance, Xf, yf, mf, Xv, yv, mv
     def one(sf2):
         mean, _ = predict_task(TaskHyperparameters(theta, sf2, noise_variance), Xf, yf, mf, Xv)
         return jnp.sum(mv * (mean - yv) ** 2)
-    return jax.vmap(one)(signal_variances)
+    return jax.lax.map(one, signal_variances)
 
 
 def line_search_signal_variance(theta: np.ndarray, noise_variance: float, base: float,
@@ -430,7 +434,9 @@ def _predict_many(thetas, signal_variance, noise_variance, X, y, mask, X_star):
     def one(theta):
         return predict_task(TaskHyperparameters(theta, signal_variance, noise_variance),
                             X, y, mask, X_star)
-    return jax.vmap(one)(thetas)
+    # lax.map, not vmap: a vmapped jitter_cholesky (batched Cholesky under select) hung
+    # XLA:CPU here, all its threads idle (a lost wake-up on an overloaded machine)
+    return jax.lax.map(one, thetas)
 
 
 def smoothed_prediction(theta_task: np.ndarray, thetas: np.ndarray, signal_variance: float,

@@ -48,6 +48,20 @@ except ImportError:  # pragma: no cover - until then
 __all__ = ["GPELLA", "NotFittedError", "ConfigLearner", "TaskStore"]
 
 
+def _synchronous_cpu_dispatch() -> None:
+    """Run JAX CPU computations synchronously (process-wide, like ``enable_x64``).
+
+    With asynchronous CPU dispatch, many small computations interleaved with host reads (the
+    per-task GP fits: one L-BFGS step = one dispatch + one read) hung here for good, the main
+    thread waiting in ``BlockUntilReady`` on a computation no XLA thread ran (seen twice on a
+    loaded 2-core machine; jax-ml/jax#25861 reports the same hang and this workaround). The
+    small computations gain nothing from asynchrony.
+    """
+    import jax
+
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+
+
 class ConfigLearner(Learner):
     """A learner built as ``Cls(config=None, **overrides)`` from its frozen config dataclass
     ``config_cls`` (kept as ``self.config``); saved with the config's fields as JSON."""
@@ -66,6 +80,7 @@ class ConfigLearner(Learner):
                 config = dataclasses.replace(config, **overrides)
         self.config = config
         enable_x64()
+        _synchronous_cpu_dispatch()
 
     def save(self, path: str | os.PathLike) -> None:
         save_tree(path, self.state_dict(),

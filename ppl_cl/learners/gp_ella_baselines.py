@@ -224,8 +224,11 @@ class MultiTaskGP(_PooledGP):
         onehot = np.zeros((Xp.shape[0], T))
         onehot[np.arange(len(slots)), slots] = 1.0
         var_y = float(np.var(y)) if np.var(y) > 0 else 1.0
-        init = ICMParams(jnp.full((d,), 1.0 / d),
-                         jnp.full((T, c.rank), np.sqrt(0.5 * var_y / c.rank)),
+        # W starts at equal correlations plus a seeded perturbation: equal columns would
+        # get equal gradients and a rank-2 W would stay a rank-1 one
+        W0 = np.sqrt(0.5 * var_y / c.rank) * (
+            1.0 + 0.3 * np.random.default_rng(c.seed).standard_normal((T, c.rank)))
+        init = ICMParams(jnp.full((d,), 1.0 / d), jnp.asarray(W0),
                          jnp.full((T,), 0.5 * var_y),
                          jnp.full((T,), max(c.init_noise_ratio * var_y, 10 * c.min_noise_variance)))
         lo = ICMParams(c.theta_lower, 0.0, 1e-10 * var_y, c.min_noise_variance)
