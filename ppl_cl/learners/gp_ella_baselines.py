@@ -51,7 +51,7 @@ def _gp_predict(theta, sf2, s2, X, y, xs, pad_multiple):
     from models.gp_ella import TaskHyperparameters, predict_task
 
     Xp, yp, mp = pad_rows(X, y, pad_multiple)
-    Xs = pad_rows(xs, None, pad_multiple)[0]
+    Xs = pad_rows(xs, None, 4 * pad_multiple)[0]
     mean, var = predict_task(TaskHyperparameters(jnp.asarray(theta), sf2, s2), jnp.asarray(Xp),
                              jnp.asarray(yp), jnp.asarray(mp), jnp.asarray(Xs))
     m = xs.shape[0]
