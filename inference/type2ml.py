@@ -79,11 +79,18 @@ class Type2MLInfo(NamedTuple):
 
 
 @functools.lru_cache(maxsize=64)
-def _value_and_grad(objective: Callable, unravel: Callable) -> Callable:
+def _value_and_grad(objective: Callable, unravel: Callable, free: tuple[bool, ...]) -> Callable:
     def f(flat, data):
-        return objective(jax.tree_util.tree_map(jnp.exp, unravel(flat)), *data)
+        return objective(_positive(unravel(flat), free), *data)
 
     return jax.jit(jax.value_and_grad(f))
+
+
+def _positive(raw: Any, free: tuple[bool, ...]) -> Any:
+    """``exp`` of every leaf of ``raw`` except the ``free`` ones (optimized as they are)."""
+    leaves, treedef = jax.tree_util.tree_flatten(raw)
+    return jax.tree_util.tree_unflatten(
+        treedef, [x if f else jnp.exp(x) for x, f in zip(leaves, free)])
 
 
 class _Unravel:
@@ -116,15 +123,18 @@ class Type2ML:
             (jit-compatible; a module-level function compiles once per data shape).
         lower_bounds, upper_bounds: pytrees like the parameters (a leaf broadcast over its
             hyperparameter; 0 / None: no floor, None / inf: no ceiling).
+        unconstrained: optional pytree of bools like the parameters; a ``True`` leaf is optimized
+            on the real line as it is (no log, no bounds), e.g. a multi-task GP's task factor.
         max_iterations: L-BFGS iterations per fit; tolerance: SciPy's ``ftol`` (relative
             reduction of the objective at which to stop); gtol: SciPy's ``gtol``.
     """
 
     def __init__(self, objective: Callable[..., jax.Array], *, lower_bounds: Any = None,
-                 upper_bounds: Any = None, max_iterations: int = 1000, tolerance: float = 1e-9,
-                 gtol: float = 1e-8):
+                 upper_bounds: Any = None, unconstrained: Any = None,
+                 max_iterations: int = 1000, tolerance: float = 1e-9, gtol: float = 1e-8):
         self.objective = objective
         self.lower_bounds, self.upper_bounds = lower_bounds, upper_bounds
+        self.unconstrained = unconstrained
         self.max_iterations, self.tolerance, self.gtol = int(max_iterations), tolerance, gtol
 
     def init(self, params: Any) -> Type2MLState:
@@ -138,11 +148,20 @@ class Type2ML:
             NonFiniteObjectiveError: if the objective is not finite at the start.
         """
         init_params = state.params
-        raw0 = jax.tree_util.tree_map(lambda p: jnp.log(jnp.asarray(p)), init_params)
+        leaves0, treedef = jax.tree_util.tree_flatten(init_params)
+        if self.unconstrained is None:
+            free = tuple(False for _ in leaves0)
+        else:
+            free = tuple(bool(f) for f in jax.tree_util.tree_leaves(self.unconstrained))
+            if len(free) != len(leaves0):
+                raise ValueError(f"unconstrained: expected {len(leaves0)} leaves (one per leaf "
+                                 f"of the parameters), received {len(free)}")
+        raw0 = jax.tree_util.tree_unflatten(treedef, [
+            jnp.asarray(p) if f else jnp.log(jnp.asarray(p)) for p, f in zip(leaves0, free)])
         flat0, _ = ravel_pytree(raw0)
         unravel = _Unravel(raw0)
         dtype = flat0.dtype
-        value_and_grad = _value_and_grad(self.objective, unravel)
+        value_and_grad = _value_and_grad(self.objective, unravel, free)
         data = tuple(data)
 
         bounds = None
@@ -150,12 +169,11 @@ class Type2ML:
             def log_bound(bounds_tree, default):
                 if bounds_tree is None:
                     return np.full(flat0.shape, default)
-                trees = jax.tree_util.tree_map(
-                    lambda p, b: np.broadcast_to(
-                        np.log(np.float64(b)) if b is not None and 0 < b < np.inf else default,
-                        np.shape(p)),
-                    init_params, bounds_tree, is_leaf=lambda x: x is None)
-                return np.concatenate([np.ravel(a) for a in jax.tree_util.tree_leaves(trees)])
+                bounds = jax.tree_util.tree_leaves(bounds_tree, is_leaf=lambda x: x is None)
+                out = [np.broadcast_to(np.log(np.float64(b)) if b is not None and 0 < b < np.inf
+                                       and not f else default, np.shape(p))
+                       for p, b, f in zip(leaves0, bounds, free)]
+                return np.concatenate([np.ravel(a) for a in out])
 
             lo = log_bound(self.lower_bounds, -np.inf)
             hi = log_bound(self.upper_bounds, np.inf)
@@ -183,14 +201,15 @@ class Type2ML:
                        bounds=bounds, options={"maxiter": self.max_iterations,
                                                "ftol": self.tolerance, "gtol": self.gtol})
         flat = jnp.asarray(res.x, dtype)
-        params = jax.tree_util.tree_map(jnp.exp, unravel(flat))
+        params = _positive(unravel(flat), free)
         value = float(value_and_grad(flat, data)[0])
         return (Type2MLState(params, value, state.fits + 1),
                 Type2MLInfo(value, int(res.nit), bool(res.success), str(res.message)))
 
 
-def fit_type2ml(objective: Callable[..., jax.Array], init_params: Any, *, data: tuple = (),
-                lower_bounds: Any = None, upper_bounds: Any = None, max_iterations: int = 1000,
+def fit_type2ml(objective: Callable[..., jax.Array], init_params: Any, *,
+                data: tuple | None = (), lower_bounds: Any = None, upper_bounds: Any = None,
+                unconstrained: Any = None, max_iterations: int = 1000,
                 tolerance: float = 1e-9) -> Type2MLResult:
     """Minimize ``objective(params, *data)`` over the positive pytree ``params`` by L-BFGS-B in
     log space (one :meth:`Type2ML.step`).
@@ -202,7 +221,8 @@ def fit_type2ml(objective: Callable[..., jax.Array], init_params: Any, *, data: 
         data: arrays passed to ``objective`` after the parameters.
         lower_bounds, upper_bounds: optional pytrees with the structure of ``init_params``; a
             leaf is a floor / ceiling for the matching hyperparameter (broadcast over it), 0 /
-            None for none.
+            None / inf for none.
+        unconstrained: optional pytree of bools (see :class:`Type2ML`).
         max_iterations: L-BFGS iteration cap.
         tolerance: relative reduction of the objective at which to stop (SciPy ``ftol``).
 
@@ -210,7 +230,8 @@ def fit_type2ml(objective: Callable[..., jax.Array], init_params: Any, *, data: 
         NonFiniteObjectiveError: if the objective is not finite at ``init_params``.
     """
     engine = Type2ML(objective, lower_bounds=lower_bounds, upper_bounds=upper_bounds,
-                     max_iterations=max_iterations, tolerance=tolerance)
-    state, info = engine.step(None, engine.init(init_params), data)
+                     unconstrained=unconstrained, max_iterations=max_iterations,
+                     tolerance=tolerance)
+    state, info = engine.step(None, engine.init(init_params), tuple(data or ()))
     return Type2MLResult(state.params, info.loss, info.iterations, info.converged,
                          info.message)
