@@ -26,6 +26,11 @@ LEARNERS: dict[str, tuple[str, str]] = {
     "sbm-gp": ("ppl_cl.learners.gp_tree", "SBMGP"),
     "lsm-gibbs": ("ppl_cl.learners.pg_baselines", "LSMGibbsClassifier"),
     "ove-gibbs": ("ppl_cl.learners.pg_baselines", "OVEGibbsClassifier"),
+    "gp-ella": ("ppl_cl.learners.gp_ella", "GPELLA"),
+    "gp-ella-individual-gps": ("ppl_cl.learners.gp_ella_baselines", "IndividualGPs"),
+    "gp-ella-shared-gp": ("ppl_cl.learners.gp_ella_baselines", "SharedGP"),
+    "gp-ella-mtgp": ("ppl_cl.learners.gp_ella_baselines", "MultiTaskGP"),
+    "gp-ella-linear-ella": ("ppl_cl.learners.gp_ella_baselines", "LinearELLA"),
 }
 
 

@@ -38,11 +38,18 @@ CASES = {
     "sbm-gp": (dict(num_chains=4, num_steps=3), "sessions"),
     "lsm-gibbs": (dict(num_chains=4, num_steps=3), "sessions"),
     "ove-gibbs": (dict(num_chains=4, num_steps=3), "sessions"),
+    "gp-ella": (dict(), "regression"),
+    "gp-ella-individual-gps": (dict(), "regression"),
+    "gp-ella-shared-gp": (dict(), "regression"),
+    "gp-ella-mtgp": (dict(), "regression"),
+    "gp-ella-linear-ella": (dict(), "regression"),
 }
 
 
-#: the classes of these learners come with the data (a tree, or one GP per class seen)
-NO_PRIOR = {"gp-tree", "sbm-gp", "lsm-gibbs", "ove-gibbs"}
+#: the classes of these learners come with the data (a tree, or one GP per class seen), and a
+#: GP-ELLA task's predictive needs that task's fit (its theta_t = L s_t)
+NO_PRIOR = {"gp-tree", "sbm-gp", "lsm-gibbs", "ove-gibbs", "gp-ella", "gp-ella-individual-gps",
+            "gp-ella-shared-gp", "gp-ella-mtgp", "gp-ella-linear-ella"}
 
 
 def _batches(kind):
@@ -91,9 +98,9 @@ def test_the_edges_of_the_protocol(name, tmp_path):
     expected = GaussianPredictive if kind == "regression" else CategoricalPredictive
     if name in NO_PRIOR:
         with pytest.raises(NotFittedError):
-            learner.predict(first.x)
+            learner.predict(first.x, task_id=first.task_id)
     else:
-        prior = learner.predict(first.x)              # the prior predictive
+        prior = learner.predict(first.x, task_id=first.task_id)              # the prior predictive
         assert isinstance(prior, expected) and len(prior) == len(first)
         assert np.isfinite(prior.log_prob(first.y)).all()
         # predicting did not train: the first update gives what a fresh learner's gives
@@ -106,10 +113,10 @@ def test_the_edges_of_the_protocol(name, tmp_path):
         learner.update((first.x, first.y))                 # a tuple is no Batch
     learner.update(first)
     probe = first if kind == "sessions" else second      # classes the learner has seen
-    pred = learner.predict(probe.x)
+    pred = learner.predict(probe.x, task_id=probe.task_id)
     assert isinstance(pred, expected) and len(pred) == len(probe)
     assert np.isfinite(pred.log_prob(probe.y)).all()
-    empty = learner.predict(second.x[:0])
+    empty = learner.predict(second.x[:0], task_id=second.task_id)
     assert isinstance(empty, expected) and len(empty) == 0
     # a refused batch leaves the state as it was
     before = learner.state_dict()
@@ -127,9 +134,9 @@ def test_the_edges_of_the_protocol(name, tmp_path):
     learner.update(second)
     loaded.update(second)
     assert _state_equal(_untimed(loaded.state_dict()), _untimed(learner.state_dict()))
-    np.testing.assert_array_equal(np.asarray(getattr(loaded.predict(first.x), "probs", None)
+    np.testing.assert_array_equal(np.asarray(getattr(loaded.predict(first.x, task_id=first.task_id), "probs", None)
                                              if kind != "regression"
-                                             else loaded.predict(first.x).mean),
-                                  np.asarray(getattr(learner.predict(first.x), "probs", None)
+                                             else loaded.predict(first.x, task_id=first.task_id).mean),
+                                  np.asarray(getattr(learner.predict(first.x, task_id=first.task_id), "probs", None)
                                              if kind != "regression"
-                                             else learner.predict(first.x).mean))
+                                             else learner.predict(first.x, task_id=first.task_id).mean))
