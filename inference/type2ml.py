@@ -45,9 +45,27 @@ class Type2MLResult(NamedTuple):
     message: str
 
 
-def fit_type2ml(objective: Callable[[Any], jax.Array], init_params: Any, *,
-                lower_bounds: Any = None, max_iterations: int = 1000,
-                tolerance: float = 1e-9) -> Type2MLResult:
+_VALUE_AND_GRAD_CACHE: dict = {}
+
+
+def _value_and_grad(objective: Callable, unravel: Callable, key: Any):
+    """``jit(value_and_grad)`` of ``flat -> objective(exp(unravel(flat)), *args)``, cached by
+    ``(objective, structure)`` so that repeated fits of one objective compile once per shape."""
+    fn = _VALUE_AND_GRAD_CACHE.get(key) if key is not None else None
+    if fn is None:
+        @jax.jit
+        def fn(flat: jax.Array, *args):
+            return jax.value_and_grad(
+                lambda f: objective(jax.tree_util.tree_map(jnp.exp, unravel(f)), *args))(flat)
+        if key is not None:
+            _VALUE_AND_GRAD_CACHE[key] = fn
+    return fn
+
+
+def fit_type2ml(objective: Callable[..., jax.Array], init_params: Any, *,
+                lower_bounds: Any = None, upper_bounds: Any = None, max_iterations: int = 1000,
+                tolerance: float = 1e-9, gradient_tolerance: float = 1e-8,
+                args: tuple = ()) -> Type2MLResult:
     """Minimize ``objective(params)`` over positive pytree ``params`` by L-BFGS-B in log space.
 
     Args:
@@ -55,8 +73,15 @@ def fit_type2ml(objective: Callable[[Any], jax.Array], init_params: Any, *,
         init_params: starting point; every leaf must be positive.
         lower_bounds: optional pytree with the structure of ``init_params``; a leaf is a
             floor for the matching hyperparameter (broadcast over it), 0 for none.
+        upper_bounds: optional pytree like ``lower_bounds``; a leaf is a ceiling, ``inf`` for
+            none (VIPS bounds the kernel variance to [1e-6, 2e3], as the authors' code).
         max_iterations: L-BFGS iteration cap.
         tolerance: relative reduction of the objective at which to stop (SciPy ``ftol``).
+        gradient_tolerance: projected-gradient size at which to stop (SciPy ``gtol``; GPflow's
+            ``Scipy`` optimizer leaves SciPy's default 1e-5).
+        args: extra arguments, ``objective(params, *args)`` (arrays or pytrees of arrays). With
+            ``args`` the jitted value-and-grad is cached per ``objective`` (pass a module-level
+            function), so a stream of fits with equal shapes compiles once.
 
     Raises:
         NonFiniteObjectiveError: if the objective is not finite at ``init_params``.
@@ -65,19 +90,35 @@ def fit_type2ml(objective: Callable[[Any], jax.Array], init_params: Any, *,
     flat0, unravel = ravel_pytree(raw0)
     dtype = flat0.dtype
 
-    @jax.jit
+    structure = jax.tree_util.tree_structure(raw0)
+    shapes = tuple((tuple(np.shape(leaf)), str(jnp.asarray(leaf).dtype))
+                   for leaf in jax.tree_util.tree_leaves(raw0))
+    vg = _value_and_grad(objective, unravel, (objective, structure, shapes) if args else None)
+
     def value_and_grad(flat: jax.Array):
-        return jax.value_and_grad(lambda f: objective(jax.tree_util.tree_map(jnp.exp, unravel(f))))(flat)
+        return vg(flat, *args)
 
     bounds = None
-    if lower_bounds is not None:
-        lows = jax.tree_util.tree_map(
-            lambda p, lb: np.broadcast_to(np.log(np.float64(lb)) if lb > 0 else -np.inf,
-                                          np.shape(p)),
-            init_params, lower_bounds)
-        lo_flat = np.concatenate([np.ravel(a) for a in jax.tree_util.tree_leaves(lows)])
-        bounds = [(float(lo), None) if np.isfinite(lo) else (None, None) for lo in lo_flat]
-        flat0 = jnp.maximum(flat0, jnp.asarray(lo_flat, dtype))
+    if lower_bounds is not None or upper_bounds is not None:
+        n = int(flat0.shape[0])
+        lo_flat, hi_flat = np.full(n, -np.inf), np.full(n, np.inf)
+        if lower_bounds is not None:
+            lows = jax.tree_util.tree_map(
+                lambda p, lb: np.broadcast_to(np.log(np.float64(lb)) if lb > 0 else -np.inf,
+                                              np.shape(p)),
+                init_params, lower_bounds)
+            lo_flat = np.concatenate([np.ravel(a) for a in jax.tree_util.tree_leaves(lows)])
+        if upper_bounds is not None:
+            highs = jax.tree_util.tree_map(
+                lambda p, ub: np.broadcast_to(np.log(np.float64(ub)) if np.isfinite(ub)
+                                              else np.inf, np.shape(p)),
+                init_params, upper_bounds)
+            hi_flat = np.concatenate([np.ravel(a) for a in jax.tree_util.tree_leaves(highs)])
+        if np.any(lo_flat > hi_flat):
+            raise ValueError("lower_bounds exceed upper_bounds for some hyperparameter")
+        bounds = [(float(lo) if np.isfinite(lo) else None, float(hi) if np.isfinite(hi) else None)
+                  for lo, hi in zip(lo_flat, hi_flat)]
+        flat0 = jnp.clip(flat0, jnp.asarray(lo_flat, dtype), jnp.asarray(hi_flat, dtype))
 
     v0, _ = value_and_grad(flat0)
     if not np.isfinite(float(v0)):
@@ -96,7 +137,7 @@ def fit_type2ml(objective: Callable[[Any], jax.Array], init_params: Any, *,
 
     res = minimize(fun, np.asarray(flat0, dtype=np.float64), jac=True, method="L-BFGS-B",
                    bounds=bounds, options={"maxiter": max_iterations, "ftol": tolerance,
-                                           "gtol": 1e-8})
+                                           "gtol": gradient_tolerance})
     flat = jnp.asarray(res.x, dtype)
     params = jax.tree_util.tree_map(jnp.exp, unravel(flat))
     return Type2MLResult(params, float(value_and_grad(flat)[0]), int(res.nit), bool(res.success),

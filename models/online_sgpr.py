@@ -58,7 +58,8 @@ from jax.scipy.linalg import cho_solve, solve_triangular
 from models.exact_gp import GPRegressionParams
 from models.linalg_jax import jitter_cholesky, symmetrize
 
-__all__ = ["OldPosterior", "OldTerms", "old_terms", "online_elbo", "online_elbo_and_residual",
+__all__ = ["OldPosterior", "OldTerms", "old_terms", "BoundPieces", "bound_pieces",
+           "bound_constant", "online_elbo", "online_elbo_and_residual",
            "online_upper_bound", "optimal_inducing_posterior", "predictive",
            "predict_from_inducing", "online_sgpr_model", "optimal_guide", "uncollapsed_elbo",
            "GPRegressionParams", "ONLINE_JITTER", "FIRST_BATCH_SELECTION_JITTER"]
@@ -99,29 +100,60 @@ class OldTerms(NamedTuple):
         w: ``S_a^-1 m_a`` ``(M_a,)``.
         A: ``S_a^-1 - (K'_aa + jitter I)^-1`` ``(M_a, M_a)``, symmetric.
         const: ``-1/2 m_a' S_a^-1 m_a + log|chol(K'_aa + jitter I)| - log|chol S_a|``.
+        mask: ``(M_a,)`` bool, which rows of ``a`` are real (``None``: all), see :func:`old_terms`.
     """
 
     a: Array
     w: Array
     A: Array
     const: Array
+    mask: Array | None = None
 
 
-def old_terms(old: OldPosterior, *, jitter: float = ONLINE_JITTER) -> OldTerms:
-    """Factor ``S_a`` and ``K'_aa + jitter I`` once (they do not depend on the new theta)."""
+def _gram(kern, Z: Array, mask: Array | None, jitter) -> Array:
+    """``k(Z, Z) + jitter I``; padded rows (``mask`` False) become rows of the identity."""
+    K = kern(Z)
+    if mask is None:
+        return K + jitter * jnp.eye(Z.shape[0], dtype=Z.dtype)
+    return (jnp.where(mask[:, None] & mask[None, :], K, 0.0)
+            + jnp.diag(jnp.where(mask, jitter, 1.0)).astype(Z.dtype))
+
+
+def _cross(kern, Z1: Array, Z2: Array, m1: Array | None, m2: Array | None) -> Array:
+    """``k(Z1, Z2)`` with padded rows / columns zeroed."""
+    K = kern(Z1, Z2)
+    if m1 is not None:
+        K = jnp.where(m1[:, None], K, 0.0)
+    if m2 is not None:
+        K = jnp.where(m2[None, :], K, 0.0)
+    return K
+
+
+def old_terms(old: OldPosterior, *, jitter: float = ONLINE_JITTER,
+              mask: Array | None = None) -> OldTerms:
+    """Factor ``S_a`` and ``K'_aa + jitter I`` once (they do not depend on the new theta).
+
+    Padding (fixed buffer shapes, so that jitted code compiles once per size bucket): rows with
+    ``mask`` False must hold zero mean and identity rows / columns of ``S_a`` and ``K'_aa``;
+    they then contribute nothing (``w = 0``, ``A = 0`` there, log-determinants 0).
+    """
     a, m, S, Kp = old
     Ma = a.shape[0]
     eye = jnp.eye(Ma, dtype=a.dtype)
+    jit_diag = jitter * eye if mask is None else jnp.diag(jnp.where(mask, jitter, 0.0))
     L_S = jitter_cholesky(symmetrize(S), name="S_a (old posterior covariance)")
-    L_K = jitter_cholesky(symmetrize(Kp) + jitter * eye, name="K'_aa (old prior covariance)")
+    L_K = jitter_cholesky(symmetrize(Kp) + jit_diag, name="K'_aa (old prior covariance)")
     w = cho_solve((L_S, True), m)
     A = symmetrize(cho_solve((L_S, True), eye) - cho_solve((L_K, True), eye))
     const = (-0.5 * jnp.dot(m, w) + jnp.sum(jnp.log(jnp.diagonal(L_K)))
              - jnp.sum(jnp.log(jnp.diagonal(L_S))))
-    return OldTerms(a, w, A, const)
+    return OldTerms(a, w, A, const, mask)
 
 
-class _Pieces(NamedTuple):
+class BoundPieces(NamedTuple):
+    """The factors of the bound at one inducing set ``b`` (built by :func:`bound_pieces`); the
+    incremental selection of :mod:`inference.vips` grows exactly these by rank-one updates."""
+
     L_b: Array      # chol(K_bb + jitter I)            (M_b, M_b)
     P_f: Array      # L_b^-1 K_bf                      (M_b, N)
     P_a: Array      # L_b^-1 K_ba                      (M_b, M_a)
@@ -132,34 +164,60 @@ class _Pieces(NamedTuple):
     trace_a: Array  # tr[A (K_aa + jitter I - Q_aa)]   ()
 
 
-def _pieces(params: GPRegressionParams, X: Array, y: Array, Z: Array, old: OldTerms | None,
-            jitter: float) -> _Pieces:
+def bound_pieces(params: GPRegressionParams, X: Array, y: Array, Z: Array, old: OldTerms | None,
+                 jitter: float, z_mask: Array | None = None,
+                 x_mask: Array | None = None) -> BoundPieces:
+    """:class:`BoundPieces` of ``F`` at inducing inputs ``Z`` (``jitter`` on K_bb, K_aa, D).
+
+    ``z_mask`` / ``x_mask`` mark the real rows of padded ``Z`` / ``X`` (padded ``y`` must be 0);
+    padded rows contribute nothing, so a padded call equals the unpadded one.
+    """
     kern, s2 = params.kernel, params.noise_variance
     Mb = Z.shape[0]
     eye = jnp.eye(Mb, dtype=X.dtype)
-    L_b = jitter_cholesky(kern(Z) + jitter * eye, name="K_bb")
-    P_f = solve_triangular(L_b, kern(Z, X), lower=True)
+    L_b = jitter_cholesky(_gram(kern, Z, z_mask, jitter), name="K_bb")
+    P_f = solve_triangular(L_b, _cross(kern, Z, X, z_mask, x_mask), lower=True)
     ct = P_f @ y / s2
     D = eye + (P_f @ P_f.T) / s2
-    resid = kern.diag(X) - jnp.sum(P_f * P_f, axis=0)
+    kdiag = kern.diag(X) if x_mask is None else jnp.where(x_mask, kern.diag(X), 0.0)
+    resid = kdiag - jnp.sum(P_f * P_f, axis=0)
     if old is None:
         P_a = jnp.zeros((Mb, 0), X.dtype)
         trace_a = jnp.zeros((), X.dtype)
     else:
-        P_a = solve_triangular(L_b, kern(Z, old.a), lower=True)
+        P_a = solve_triangular(L_b, _cross(kern, Z, old.a, z_mask, old.mask), lower=True)
         ct = ct + P_a @ old.w
         PA = P_a @ old.A
         D = D + PA @ P_a.T
-        Ma = old.a.shape[0]
-        K_aa = kern(old.a) + jitter * jnp.eye(Ma, dtype=X.dtype)
+        K_aa = _gram(kern, old.a, old.mask, jitter)
         trace_a = jnp.sum(old.A * K_aa) - jnp.sum(PA * P_a)
-    L_D = jitter_cholesky(symmetrize(D) + jitter * eye, name="D")
+    d_jit = jitter * eye if z_mask is None else jnp.diag(jnp.where(z_mask, jitter, 0.0))
+    L_D = jitter_cholesky(symmetrize(D) + d_jit, name="D")
     v = solve_triangular(L_D, ct, lower=True)
-    return _Pieces(L_b, P_f, P_a, L_D, ct, v, resid, trace_a)
+    return BoundPieces(L_b, P_f, P_a, L_D, ct, v, resid, trace_a)
+
+
+def bound_constant(params: GPRegressionParams, X: Array, y: Array, old: OldTerms | None, *,
+                   jitter: float = ONLINE_JITTER, x_mask: Array | None = None) -> Array:
+    """The part of ``F`` that does not depend on ``b``:
+    ``-N/2 log 2 pi s2 - y'y/(2 s2) - tr K_ff/(2 s2)`` (+ ``const - 1/2 tr[A (K_aa + jitter I)]``).
+
+    ``F = bound_constant + 1/2 |v|^2 - log|L_D| + tr Q_ff/(2 s2) + 1/2 tr(A Q_aa)``.
+    """
+    N = X.shape[0] if x_mask is None else jnp.sum(x_mask)
+    s2 = params.noise_variance
+    kdiag = params.kernel.diag(X) if x_mask is None else jnp.where(x_mask, params.kernel.diag(X), 0.0)
+    c = (-0.5 * N * (_LOG_2PI + jnp.log(s2)) - 0.5 * jnp.dot(y, y) / s2
+         - 0.5 * jnp.sum(kdiag) / s2)
+    if old is not None:
+        K_aa = _gram(params.kernel, old.a, old.mask, jitter)
+        c = c + old.const - 0.5 * jnp.sum(old.A * K_aa)
+    return c
 
 
 def online_elbo_and_residual(params: GPRegressionParams, X: Array, y: Array, Z: Array,
-                             old: OldTerms | None = None, *, jitter: float = ONLINE_JITTER
+                             old: OldTerms | None = None, *, jitter: float = ONLINE_JITTER,
+                             z_mask: Array | None = None, x_mask: Array | None = None
                              ) -> tuple[Array, Array]:
     """The collapsed online bound ``F`` (module docstring) and ``diag(K_ff - Q_ff)``.
 
@@ -169,13 +227,14 @@ def online_elbo_and_residual(params: GPRegressionParams, X: Array, y: Array, Z: 
         Z: inducing inputs ``b`` ``(M_b, d)``.
         old: :func:`old_terms` of the old summary, ``None`` for the first batch (SGPR bound).
         jitter: added to ``K_bb``, ``K_aa`` and ``D``.
+        z_mask, x_mask: real rows of padded ``Z`` / ``X`` (:func:`bound_pieces`).
 
     Returns:
         ``(F, residual (N,))``.
     """
-    N = X.shape[0]
+    N = X.shape[0] if x_mask is None else jnp.sum(x_mask)
     s2 = params.noise_variance
-    p = _pieces(params, X, y, Z, old, jitter)
+    p = bound_pieces(params, X, y, Z, old, jitter, z_mask, x_mask)
     F = (-0.5 * N * (_LOG_2PI + jnp.log(s2)) - 0.5 * jnp.dot(y, y) / s2
          + 0.5 * jnp.dot(p.v, p.v) - jnp.sum(jnp.log(jnp.diagonal(p.L_D)))
          - 0.5 * jnp.sum(p.resid) / s2)
@@ -185,9 +244,11 @@ def online_elbo_and_residual(params: GPRegressionParams, X: Array, y: Array, Z: 
 
 
 def online_elbo(params: GPRegressionParams, X: Array, y: Array, Z: Array,
-                old: OldTerms | None = None, *, jitter: float = ONLINE_JITTER) -> Array:
+                old: OldTerms | None = None, *, jitter: float = ONLINE_JITTER,
+                z_mask: Array | None = None, x_mask: Array | None = None) -> Array:
     """The collapsed online bound ``F`` (first batch: the SGPR bound); see the module docstring."""
-    return online_elbo_and_residual(params, X, y, Z, old, jitter=jitter)[0]
+    return online_elbo_and_residual(params, X, y, Z, old, jitter=jitter, z_mask=z_mask,
+                                    x_mask=x_mask)[0]
 
 
 def online_upper_bound(params: GPRegressionParams, X: Array, y: Array, Z: Array,
@@ -201,7 +262,7 @@ def online_upper_bound(params: GPRegressionParams, X: Array, y: Array, Z: Array,
     """
     N = X.shape[0]
     s2 = params.noise_variance
-    p = _pieces(params, X, y, Z, old, jitter)
+    p = bound_pieces(params, X, y, Z, old, jitter)
     t = jnp.sum(p.resid) + p.trace_a
     s2t = s2 + t
     Mb = Z.shape[0]
@@ -230,15 +291,16 @@ def online_upper_bound(params: GPRegressionParams, X: Array, y: Array, Z: Array,
 
 
 def predictive(params: GPRegressionParams, X: Array, y: Array, Z: Array, old: OldTerms | None,
-               X_star: Array, *, jitter: float = ONLINE_JITTER, full_cov: bool = False
+               X_star: Array, *, jitter: float = ONLINE_JITTER, full_cov: bool = False,
+               z_mask: Array | None = None, x_mask: Array | None = None
                ) -> tuple[Array, Array]:
     """Latent predictive ``q(f*)`` at ``X_star (n, d)`` of the optimal ``q(u_b)`` (paper eq. 16).
 
     Returns ``mean (n,)`` and ``variance (n,)`` (or covariance ``(n, n)``), noise excluded.
     """
     kern = params.kernel
-    p = _pieces(params, X, y, Z, old, jitter)
-    B = solve_triangular(p.L_b, kern(Z, X_star), lower=True)     # L_b^-1 K_b*
+    p = bound_pieces(params, X, y, Z, old, jitter, z_mask, x_mask)
+    B = solve_triangular(p.L_b, _cross(kern, Z, X_star, z_mask, None), lower=True)  # L_b^-1 K_b*
     C = solve_triangular(p.L_D, B, lower=True)                    # L_D^-1 L_b^-1 K_b*
     mean = C.T @ p.v
     if full_cov:
@@ -247,27 +309,32 @@ def predictive(params: GPRegressionParams, X: Array, y: Array, Z: Array, old: Ol
 
 
 def optimal_inducing_posterior(params: GPRegressionParams, X: Array, y: Array, Z: Array,
-                               old: OldTerms | None = None, *, jitter: float = ONLINE_JITTER
+                               old: OldTerms | None = None, *, jitter: float = ONLINE_JITTER,
+                               z_mask: Array | None = None, x_mask: Array | None = None
                                ) -> tuple[Array, Array]:
     """The optimal ``q(u_b) = N(m_b, S_b)``: the predictive (eq. 16) at ``Z`` with full covariance.
 
     This is what the authors' ``update_parameter`` passes on as the next ``q_old`` (they add
     ``1e-6 I`` to ``S_b`` then; the learner does the same when it builds :class:`OldPosterior`).
+    With ``z_mask`` the padded rows / columns of the result are zero (slice them off).
     """
-    return predictive(params, X, y, Z, old, Z, jitter=jitter, full_cov=True)
+    return predictive(params, X, y, Z, old, Z, jitter=jitter, full_cov=True, z_mask=z_mask,
+                      x_mask=x_mask)
 
 
 def predict_from_inducing(params: GPRegressionParams, Z: Array, mean: Array, covariance: Array,
-                          X_star: Array, *, jitter: float = ONLINE_JITTER
-                          ) -> tuple[Array, Array]:
+                          X_star: Array, *, jitter: float = ONLINE_JITTER,
+                          z_mask: Array | None = None) -> tuple[Array, Array]:
     """``q(f*) = int p(f* | u_b) q(u_b) du_b`` for ``q(u_b) = N(mean, covariance)`` at ``Z``.
 
     ``mean* = K_*b K_bb^-1 m``, ``var* = k** - K_*b K_bb^-1 K_b* + K_*b K_bb^-1 S K_bb^-1 K_b*``
-    (``K_bb`` with ``jitter``). Returns ``mean (n,)`` and latent ``variance (n,)``.
+    (``K_bb`` with ``jitter``). Returns ``mean (n,)`` and latent ``variance (n,)``. Padded rows
+    of ``Z`` (``z_mask`` False) need zero ``mean`` entries and zero rows / columns of
+    ``covariance``.
     """
     kern = params.kernel
-    L_b = jitter_cholesky(kern(Z) + jitter * jnp.eye(Z.shape[0], dtype=Z.dtype), name="K_bb")
-    K_bs = kern(Z, X_star)
+    L_b = jitter_cholesky(_gram(kern, Z, z_mask, jitter), name="K_bb")
+    K_bs = _cross(kern, Z, X_star, z_mask, None)
     B = solve_triangular(L_b, K_bs, lower=True)                        # L_b^-1 K_b*
     W = solve_triangular(L_b.T, B, lower=False)                        # K_bb^-1 K_b*
     mu = W.T @ mean
