@@ -121,8 +121,8 @@ def test_bad_input_is_refused_and_leaves_the_state_unchanged():
 
 
 def test_duplicate_inputs_take_the_jitter_path_without_nan():
-    x, y = _data(5, 12)
-    xd = np.concatenate([x, x, x])
+    x, y = _data(5, 8)
+    xd = np.concatenate([x, x, x])          # 24 rows: the size bucket of the other tests
     yd = np.concatenate([y, y + 0.01, y - 0.01])
     for policy in ("vips", "cv", "oips"):
         gp = OnlineSGPR(policy=policy, lengthscale=0.5)
@@ -130,7 +130,8 @@ def test_duplicate_inputs_take_the_jitter_path_without_nan():
         gp.update(Batch(xd, yd))
         p = gp.predict(x)
         assert np.isfinite(p.mean).all() and np.isfinite(p.variance).all()
-        assert gp.num_inducing <= 12 + 3   # duplicates are (almost) never chosen twice
+        # greedy rules (almost) never choose a duplicate twice; OIPS' random start may hold some
+        assert gp.num_inducing <= (8 + 2 if policy != "oips" else 10 + 8)
 
 
 def test_zero_variance_batch_after_the_first_is_accepted():
