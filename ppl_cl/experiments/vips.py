@@ -363,6 +363,38 @@ def run_vips_table1(config: VIPSTable1Config, ctx: RunContext) -> dict:
             "units": "RMSE / NLPD in z-scored target units"}
 
 
+def summarize_checkpoints(run_dir: str, prefix: str = "t1_") -> dict:
+    """Table-1 summary of the (dataset, fold, method) checkpoints a ``vips-table1`` /
+    ``vips-uci`` run folder holds, for a run that was stopped before it finished: per dataset
+    and method the mean (and std) of the final-batch M / RMSE / NLPD over the folds completed,
+    with ``folds`` saying how many."""
+    import glob
+    import re
+
+    from ppl_cl.persist import load_tree
+
+    out: dict = {}
+    for path in sorted(glob.glob(os.path.join(run_dir, "checkpoints", f"{prefix}*.npz"))):
+        m = re.match(rf"{prefix}(.+)_fold(\d+)_(\w+)\.npz$", os.path.basename(path))
+        if not m:
+            continue
+        d, _, method = m.group(1), int(m.group(2)), m.group(3)
+        tree, _ = load_tree(path)
+        out.setdefault(d, {}).setdefault(method, []).append(tree)
+    table: dict = {}
+    for d, methods in out.items():
+        for method, runs in methods.items():
+            row = {"folds": len(runs)}
+            keys = ("rmse", "nlpd") + (("m", "seconds") if method != "exact" else ())
+            for k in keys:
+                vals = np.array([np.ravel(r[k])[-1] if k != "seconds" else np.mean(r[k])
+                                 for r in runs], float)
+                row[k] = float(vals.mean())
+                row[f"{k}_std"] = float(vals.std())
+            table.setdefault(d, {})[method] = row
+    return table
+
+
 def _jsonable(curves: dict) -> dict:
     return {m: [{k: (np.asarray(v).tolist() if not isinstance(v, (int, float)) else v)
                  for k, v in r.items()} for r in runs] for m, runs in curves.items()}
