@@ -43,7 +43,8 @@ def _stream(dataset: str, data_dir: str | None):
     return folds[0][0]
 
 
-def run_ours(dataset: str, batches: int, scratch_min_m: int, data_dir: str | None) -> dict:
+def run_ours(dataset: str, batches: int, scratch_min_m: int, data_dir: str | None,
+             fit: bool = True, on_row=None) -> dict:
     import jax
 
     from inference.vips import VIPS, prepare_old
@@ -54,7 +55,7 @@ def run_ours(dataset: str, batches: int, scratch_min_m: int, data_dir: str | Non
 
     enable_compilation_cache()
     train = _stream(dataset, data_dir)[:batches]
-    gp = OnlineSGPR(OnlineSGPRConfig())
+    gp = OnlineSGPR(OnlineSGPRConfig(fit=fit))
     rows, gpflow_inputs = [], []
     for i, (bx, by) in enumerate(train):
         prev = gp._state
@@ -90,6 +91,8 @@ def run_ours(dataset: str, batches: int, scratch_min_m: int, data_dir: str | Non
         gpflow_inputs.append((bx, by, np.asarray(gp.inducing_inputs), np.asarray(hp0)))
         rows.append(row)
         print(json.dumps(row), flush=True)
+        if on_row is not None:
+            on_row(rows)
     return {"rows": rows, "gpflow_inputs": gpflow_inputs}
 
 
@@ -114,8 +117,12 @@ def main(argv=None) -> dict:
     p.add_argument("--scratch-min-m", type=int, default=0,
                    help="run the from-scratch reference on batches whose old M is at least this")
     p.add_argument("--gpflow-python", default=None, help="interpreter with gpflow 2.9.2")
+    p.add_argument("--no-fit", action="store_true",
+                   help="keep the initial hyperparameters (selection-only timing: reaches large "
+                        "M without the cubic fits; no GPflow comparison)")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "vips.json"))
+    p.add_argument("--append", action="store_true", help="add this run to an existing JSON")
     args = p.parse_args(argv)
     from ppl_cl.numerics import enable_x64
 
@@ -127,17 +134,30 @@ def main(argv=None) -> dict:
                                   "are inflated, the ratios are measured in the same process "
                                   "and batch"},
               "command": " ".join(sys.argv), "datasets": {}}
+    partial = Path(args.out).with_suffix(".partial.json")
+
+    def on_row(rows):   # a run stopped by a time limit keeps the batches it finished
+        partial.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=2))
+
     for d in args.dataset:
-        ours = run_ours(d, args.batches, args.scratch_min_m, args.data_dir)
+        ours = run_ours(d, args.batches, args.scratch_min_m, args.data_dir, fit=not args.no_fit,
+                        on_row=on_row)
         rows = ours["rows"]
-        if args.gpflow_python:
+        if args.gpflow_python and not args.no_fit:
             g = run_gpflow(args.gpflow_python, ours["gpflow_inputs"])
             for r, gr in zip(rows, g):
                 r["gpflow_sgpr_fit_s"] = gr["fit_s"]
                 r["gpflow_iterations"] = gr["iterations"]
                 r["gpflow_over_ours_total"] = gr["fit_s"] / r["ours_total_s"]
-        result["datasets"][d] = rows
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        key = d + (" (selection only, hyperparameters fixed at 1, 1, 0.1)" if args.no_fit else "")
+        result["datasets"][key] = rows
+        if Path(args.out).exists() and args.append:
+            old = json.loads(Path(args.out).read_text())
+            old.setdefault("runs", []).append({"command": result["command"],
+                                               "datasets": {key: rows}})
+            Path(args.out).write_text(json.dumps(old, indent=2))
+        else:
+            Path(args.out).write_text(json.dumps(result, indent=2))
     return result
 
 
