@@ -210,7 +210,7 @@ class Type2ML:
 def fit_type2ml(objective: Callable[..., jax.Array], init_params: Any, *,
                 data: tuple | None = (), lower_bounds: Any = None, upper_bounds: Any = None,
                 unconstrained: Any = None, max_iterations: int = 1000,
-                tolerance: float = 1e-9) -> Type2MLResult:
+                tolerance: float = 1e-9, gradient_tolerance: float = 1e-8) -> Type2MLResult:
     """Minimize ``objective(params, *data)`` over the positive pytree ``params`` by L-BFGS-B in
     log space (one :meth:`Type2ML.step`).
 
@@ -225,11 +225,13 @@ def fit_type2ml(objective: Callable[..., jax.Array], init_params: Any, *,
         unconstrained: optional pytree of bools (see :class:`Type2ML`).
         max_iterations: L-BFGS iteration cap.
         tolerance: relative reduction of the objective at which to stop (SciPy ``ftol``).
+        gradient_tolerance: projected-gradient size at which to stop (SciPy ``gtol``; GPflow's
+            ``Scipy`` optimizer keeps SciPy's default 1e-5).
 
     Raises:
         NonFiniteObjectiveError: if the objective is not finite at ``init_params``.
     """
-    engine = Type2ML(objective, lower_bounds=lower_bounds, upper_bounds=upper_bounds,
+    engine = Type2ML(objective, gtol=gradient_tolerance, lower_bounds=lower_bounds, upper_bounds=upper_bounds,
                      unconstrained=unconstrained, max_iterations=max_iterations,
                      tolerance=tolerance)
     state, info = engine.step(None, engine.init(init_params), tuple(data or ()))
