@@ -19,7 +19,7 @@ __all__ = ["MODULES", "PaperNumber", "RunContext", "ExperimentSpec", "build_conf
            "register", "registry", "run_experiment"]
 
 #: the modules that register experiments, in the order ``ppl-cl list`` shows them
-MODULES = ("exact_gp", "vargp", "kalman", "gp_tree", "gp_ella")
+MODULES = ("exact_gp", "vargp", "kalman", "vips", "gp_tree", "gp_ella")
 
 
 def registry() -> dict[str, ExperimentSpec]:

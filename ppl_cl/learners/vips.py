@@ -14,8 +14,6 @@ Runs in float64 (``enable_x64`` in the constructor).
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from typing import Any
 
 import numpy as np
@@ -24,7 +22,6 @@ from ppl_cl.batch import Batch, as_numpy
 from ppl_cl.configs.vips import OnlineSGPRConfig
 from ppl_cl.learner import Learner
 from ppl_cl.numerics import enable_x64
-from ppl_cl.persist import save_tree
 from ppl_cl.predictive import GaussianPredictive
 
 __all__ = ["OnlineSGPR", "NotFittedError", "make_policy", "initial_params"]
@@ -87,22 +84,11 @@ class OnlineSGPR(Learner):
     learner_name = "online-sgpr"
     config_cls = OnlineSGPRConfig
 
-    def __init__(self, config: OnlineSGPRConfig | None = None, **overrides: Any) -> None:
-        if config is None:
-            config = OnlineSGPRConfig()
-        elif not isinstance(config, OnlineSGPRConfig):
-            raise TypeError(f"config: expected an OnlineSGPRConfig, received "
-                            f"{type(config).__name__}")
-        if overrides:
-            names = {f.name for f in dataclasses.fields(OnlineSGPRConfig)}
-            unknown = sorted(set(overrides) - names)
-            if unknown:
-                raise TypeError(f"OnlineSGPR: unknown setting(s) {unknown}")
-            if isinstance(overrides.get("variance_bounds"), list):
-                overrides["variance_bounds"] = tuple(overrides["variance_bounds"])
-            config = dataclasses.replace(config, **overrides)
-        super().__init__()
-        self.config = config
+    def __init__(self, config: OnlineSGPRConfig | None = None, /, **overrides: Any) -> None:
+        if isinstance(overrides.get("variance_bounds"), list):
+            overrides["variance_bounds"] = tuple(overrides["variance_bounds"])
+        super().__init__(config, **overrides)
+        config = self.config
         enable_x64()
         from inference.vips import OnlineSGPREngine
 
@@ -240,11 +226,6 @@ class OnlineSGPR(Learner):
                                       params, TargetStats(*[f(v) for v in st["stats"]]),
                                       jnp.asarray(int(st["num_batches"]), jnp.int32))
         self._history = history
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write config + state to ``path`` (atomic; ``OnlineSGPR.load(path)`` resumes)."""
-        save_tree(path, self.state_dict(),
-                  meta={"learner": self.learner_name, "config": dataclasses.asdict(self.config)})
 
     def to_inference_data(self, x: Any = None, y: Any = None, *, num_draws: int = 500,
                           seed: int = 0):

@@ -38,6 +38,7 @@ CASES = {
     "sbm-gp": (dict(num_chains=4, num_steps=3), "sessions"),
     "lsm-gibbs": (dict(num_chains=4, num_steps=3), "sessions"),
     "ove-gibbs": (dict(num_chains=4, num_steps=3), "sessions"),
+    "online-sgpr": (dict(), "regression"),
     "gp-ella": (dict(), "regression"),
     "gp-ella-individual-gps": (dict(), "regression"),
     "gp-ella-shared-gp": (dict(), "regression"),
