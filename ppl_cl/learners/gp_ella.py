@@ -36,11 +36,7 @@ from ppl_cl.learner import Learner, check_batch
 from ppl_cl.numerics import enable_x64
 from ppl_cl.predictive import GaussianPredictive
 
-try:  # the lead adds it to ppl_cl.errors
-    from ppl_cl.errors import NotFittedError
-except ImportError:  # pragma: no cover - until then
-    class NotFittedError(RuntimeError):
-        """``predict`` (or an export) before any ``update``."""
+from ppl_cl.errors import NotFittedError
 
 __all__ = ["GPELLA", "NotFittedError", "ConfigLearner", "TaskStore"]
 

@@ -49,11 +49,7 @@ from ppl_cl.predictive import CategoricalPredictive
 from ppl_cl.trees import (ClassTree, chain_tree, class_probabilities, class_prototypes, join,
                           kmeans_tree, random_tree)
 
-try:  # the lead adds it to ppl_cl.errors
-    from ppl_cl.errors import NotFittedError  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - until then
-    class NotFittedError(RuntimeError):
-        """``predict`` / ``to_inference_data`` before any ``update``."""
+from ppl_cl.errors import NotFittedError
 
 __all__ = ["GPTree", "SBMGP", "NotFittedError", "class_exemplars"]
 

@@ -26,11 +26,7 @@ from ppl_cl.predictive import GaussianPredictive
 
 __all__ = ["OnlineSGPR", "NotFittedError", "make_policy", "initial_params"]
 
-try:  # the lead adds ppl_cl.errors.NotFittedError; until then a local RuntimeError subclass
-    from ppl_cl.errors import NotFittedError  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on the merge state
-    class NotFittedError(RuntimeError):
-        """``predict`` / ``to_inference_data`` before any ``update``."""
+from ppl_cl.errors import NotFittedError
 
 _RECORD_KEYS = ("m", "added", "bound", "bound_selected", "l_max", "l_noise", "threshold",
                 "iterations", "select_seconds", "fit_seconds")
@@ -175,9 +171,17 @@ class OnlineSGPR(Learner):
                 full_cov: bool = False):
         """Gaussian predictive at ``x (n, d)`` (noise included unless ``latent``); with
         ``full_cov=True`` NumPy ``(mean (n,), covariance (n, n))`` of the latent f."""
-        self._check_fitted("predict")
         xb = Batch(x).validate(input_dim=self.input_dim, require_targets=False, allow_empty=True)
         xs = as_numpy(xb.x).astype(np.float64)
+        if self._state is None:      # the prior predictive at the starting hyperparameters
+            import jax.numpy as jnp
+
+            params = initial_params(self.config, xs.shape[1])
+            K = np.asarray(params.kernel(jnp.asarray(xs)))
+            if full_cov:
+                return np.zeros(xs.shape[0]), K
+            noise = 0.0 if latent else float(params.noise_variance)
+            return GaussianPredictive(np.zeros(xs.shape[0]), np.diagonal(K) + noise)
         if full_cov:
             return _predict_full(self._state, xs, self.config.jitter)
         if xs.shape[0] == 0:

@@ -94,8 +94,11 @@ def _same(s1, s2):
 def test_bad_input_is_refused_and_leaves_the_state_unchanged():
     x, y = _data(4, 20)
     gp = OnlineSGPR()
+    prior = gp.predict(x)        # before any update: the GP prior (variance 1 + noise 0.1)
+    np.testing.assert_allclose(prior.mean, 0.0)
+    np.testing.assert_allclose(prior.variance, 1.1, rtol=1e-12)
     with pytest.raises(NotFittedError):
-        gp.predict(x)
+        gp.hyperparameters()
     with pytest.raises(TypeError, match="batch"):
         gp.update((x, y))
     with pytest.raises(ValueError, match="at least 2 targets"):
