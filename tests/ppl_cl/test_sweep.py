@@ -271,6 +271,35 @@ def test_without_ray_the_local_pool_is_the_default(tmp_path, monkeypatch):
     assert res["runs"][0]["status"] == "unfinished" and res["report"] is None
 
 
+def test_gpu_fractions_are_declared_to_ray_and_cap_jax_memory(tmp_path, monkeypatch):
+    """--gpus-per-run 0.5: each Ray task declares half a GPU, each run gets --device cuda and
+    90% of its half of the GPU's memory for JAX (no GPU needed: what is asked is checked)."""
+    seen = {}
+
+    def fake_ray(tasks, *, address, cpus, gpus, on_done):
+        seen.update(tasks=tasks, address=address, cpus=cpus, gpus=gpus)
+
+    monkeypatch.setattr(sw, "ray_available", lambda: True)
+    monkeypatch.setattr(sw, "_run_ray", fake_ray)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    res = sw.sweep(["sweep-toy"], out=tmp_path, seeds=[0, 1], gpus_per_run=0.5,
+                   cpus_per_run=2, address="auto", echo=lambda line: None)
+    assert res["executor"] == "ray"
+    assert (seen["address"], seen["cpus"], seen["gpus"]) == ("auto", 2, 0.5)
+    assert len(seen["tasks"]) == 2
+    for task in seen["tasks"]:
+        argv = task["argv"]
+        assert argv[argv.index("--device") + 1] == "cuda"
+        assert argv[argv.index("--threads") + 1] == "2"
+        assert task["env"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.450"
+        assert task["env"]["PPL_CL_EXPERIMENTS"] == str(TOY)   # forwarded to other nodes
+    # a whole GPU per run: JAX's own default; a GPU device on Ray without declaring GPUs: error
+    sw.sweep(["sweep-toy"], out=tmp_path / "b", gpus_per_run=1, echo=lambda line: None)
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in seen["tasks"][0]["env"]
+    with pytest.raises(ConfigError, match="needs --gpus-per-run"):
+        sw.sweep(["sweep-toy"], out=tmp_path / "c", device="cuda", echo=lambda line: None)
+
+
 @needs_ray
 def test_ray_runs_equal_sequential_runs_and_isolate_a_failure(tmp_path):
     lines = []
