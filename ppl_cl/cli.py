@@ -4,6 +4,9 @@
     ppl-cl run NAME [--quick] [--seed N] [--device cpu|cuda] [--out DIR] [--set key=value ...]
     ppl-cl reproduce [--quick] [--out DIR] [--only NAME ...] [--seeds N ...] [--set key=value ...]
     ppl-cl report RUN_DIR [RUN_DIR ...] [--out DIR]
+    ppl-cl sweep NAME [NAME ...] --out DIR [--seeds N ...] [--grid key=v1,v2 ...]
+                 [--set key=value ...] [--quick] [--address auto|HOST:PORT | --local-processes N]
+                 [--cpus-per-run N] [--gpus-per-run F]
     ppl-cl data list [--no-checksum]
     ppl-cl data path NAME
 
@@ -141,6 +144,22 @@ def _cmd_report(args) -> int:
     return 0
 
 
+def _cmd_sweep(args) -> int:
+    from ppl_cl.sweep import parse_grid, sweep
+
+    res = sweep(args.names, out=args.out, seeds=args.seeds, grid=parse_grid(args.grid),
+                sets=_parse_sets(args.set), quick=args.quick, address=args.address,
+                local_processes=args.local_processes, cpus_per_run=args.cpus_per_run,
+                gpus_per_run=args.gpus_per_run, device=args.device, force=args.force,
+                checkpoint_every_s=args.checkpoint_every, data_dir=args.data_dir)
+    if res["report"]:
+        with open(res["report"]) as fh:
+            print(fh.read())
+    for e in res["failed"]:
+        print(f"ppl-cl: {e['dir']} failed: {e['error']} (log: {e['log']})", file=sys.stderr)
+    return 1 if res["failed"] else 0
+
+
 def _cmd_data(args) -> int:
     from ppl_cl.data.root import DATASETS, data_roots, dataset_status, locate
 
@@ -214,6 +233,38 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--notes", metavar="FILE", default=None,
                     help="text file (markdown) added under '## Notes' and as the JSON's notes")
 
+    sw = sub.add_parser("sweep", parents=[common],
+                        help="experiments x seeds x --grid values as independent runs (Ray, or "
+                             "a local process pool), then the pooled report")
+    sw.add_argument("names", nargs="+", metavar="NAME", help="experiments (`ppl-cl list`)")
+    sw.add_argument("--out", required=True,
+                    help="the sweep's folder: a run folder per run, sweep.json, report.md")
+    sw.add_argument("--seeds", nargs="+", type=int, default=[0], metavar="N",
+                    help="seeds, each run separately (default 0)")
+    sw.add_argument("--grid", action="append", metavar="KEY=V1,V2",
+                    help="config key and its values (commas inside [...] stay in a value); "
+                         "the runs are the product of every --grid, experiment and seed")
+    sw.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="config override applied to every run")
+    sw.add_argument("--quick", action="store_true", help="small sizes (minutes on a CPU)")
+    sw.add_argument("--address", default=None, metavar="auto|HOST:PORT",
+                    help="a running Ray cluster (`ray start --head`; default: a local Ray "
+                         "instance when Ray is installed)")
+    sw.add_argument("--local-processes", type=int, default=None, metavar="N",
+                    help="run on a local pool of N processes, without Ray (the default when "
+                         "Ray is not installed: CPUs / --cpus-per-run)")
+    sw.add_argument("--cpus-per-run", type=int, default=1, metavar="N",
+                    help="CPUs declared per run, and its threads (default 1)")
+    sw.add_argument("--gpus-per-run", type=float, default=0.0, metavar="F",
+                    help="GPU share per run on Ray, in (0, 1]: 0.5 puts two runs on a GPU "
+                         "(implies --device cuda)")
+    sw.add_argument("--device", default=None,
+                    help="cpu or cuda (default: cuda with --gpus-per-run, else cpu)")
+    sw.add_argument("--force", action="store_true",
+                    help="rerun finished runs, replace folders holding other settings")
+    sw.add_argument("--checkpoint-every", type=float, default=600.0, metavar="SECONDS",
+                    help="as for `ppl-cl run` (default 600)")
+
     d = sub.add_parser("data", parents=[common], help="datasets: where they are, checksums")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
     dl = dsub.add_parser("list", parents=[common])
@@ -232,16 +283,17 @@ def main(argv: list[str] | None = None) -> int:
 
     Errors are one ``ppl-cl: ...`` line on stderr (``--debug``: the traceback too): status 2
     for a bad argument, config, path, device, data or checkpoint, 1 for a run that failed.
-    While ``run`` or ``reproduce`` works, SIGTERM (``kill``, a batch system's time limit) raises
-    :class:`~ppl_cl.errors.Terminated` in the main thread, so the run's ``progress.log`` ends
-    with ``terminated (SIGTERM)`` (its checkpoints stay for ``--resume``) and the status is 143
-    (128 + SIGTERM), as if the signal had killed the process. The previous handler is restored
-    on return."""
+    While ``run``, ``reproduce`` or ``sweep`` works, SIGTERM (``kill``, a batch system's time
+    limit) raises :class:`~ppl_cl.errors.Terminated` in the main thread, so the run's
+    ``progress.log`` ends with ``terminated (SIGTERM)`` (its checkpoints stay for ``--resume``)
+    and the status is 143 (128 + SIGTERM), as if the signal had killed the process; a sweep
+    passes it on to its live runs first. The previous handler is restored on return."""
     args = build_parser().parse_args(argv)
     handlers = {"list": _cmd_list, "run": _cmd_run, "reproduce": _cmd_reproduce,
-                "report": _cmd_report, "data": _cmd_data}
+                "report": _cmd_report, "sweep": _cmd_sweep, "data": _cmd_data}
     running = args.cmd in ("run", "reproduce")
-    catch = running and threading.current_thread() is threading.main_thread()
+    catch = (running or args.cmd == "sweep") and \
+        threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if catch else None
     pid_file = None
     try:
