@@ -13,7 +13,7 @@ ALLOWED = {"models": {"models"}, "inference": {"inference", "models"},
            "ppl_cl": {"ppl_cl", "inference", "models"}}
 OURS = set(ALLOWED)
 #: the floors of ppl_cl, lowest first; a module not named here is core
-FLOORS = ("core", "data", "learners", "protocols", "experiments", "cli")
+FLOORS = ("core", "data", "learners", "protocols", "experiments", "sweep", "cli")
 
 
 def _package_of(path: Path) -> str:
