@@ -28,7 +28,6 @@ the Gibbs chains of every node (``chain, draw`` dims, so ``az.summary`` gives r_
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -46,16 +45,11 @@ from models.linalg_torch import jitter_cholesky
 from ppl_cl.batch import Batch, as_numpy
 from ppl_cl.configs.gp_tree import GPTreeConfig, SBMGPConfig
 from ppl_cl.learner import Learner
-from ppl_cl.persist import save_tree
 from ppl_cl.predictive import CategoricalPredictive
 from ppl_cl.trees import (ClassTree, chain_tree, class_probabilities, class_prototypes, join,
                           kmeans_tree, random_tree)
 
-try:  # the lead adds it to ppl_cl.errors
-    from ppl_cl.errors import NotFittedError  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - until then
-    class NotFittedError(RuntimeError):
-        """``predict`` / ``to_inference_data`` before any ``update``."""
+from ppl_cl.errors import NotFittedError
 
 __all__ = ["GPTree", "SBMGP", "NotFittedError", "class_exemplars"]
 
@@ -105,18 +99,9 @@ class GPTree(Learner):
     learner_name = "gp-tree"
     config_cls = GPTreeConfig
 
-    def __init__(self, config: GPTreeConfig | None = None, **overrides: Any) -> None:
-        cfg = self.config_cls() if config is None else config
-        if not isinstance(cfg, self.config_cls):
-            raise TypeError(f"config: expected a {self.config_cls.__name__}, received "
-                            f"{type(cfg).__name__}")
-        if overrides:
-            names = {f.name for f in dataclasses.fields(cfg)}
-            bad = sorted(set(overrides) - names)
-            if bad:
-                raise TypeError(f"unknown {self.config_cls.__name__} fields {bad}")
-            cfg = dataclasses.replace(cfg, **overrides)
-        self.config = cfg
+    def __init__(self, config: GPTreeConfig | None = None, /, **overrides: Any) -> None:
+        super().__init__(config, **overrides)
+        cfg = self.config
         self.dtype = _DTYPES[cfg.dtype]
         self.device = torch.device(cfg.device)
         self._reset()
@@ -603,11 +588,6 @@ class GPTree(Learner):
             self.backbone = make_backbone(c.backbone, self.input_dim, c.hidden,
                                           c.embedding_dim).to(self.device, self.dtype)
             self.backbone.load_state_dict({k: t(v) for k, v in state["backbone"].items()})
-
-    def save(self, path) -> None:
-        """Config (as a JSON dict of fields) and state, atomically (:mod:`ppl_cl.persist`)."""
-        save_tree(path, self.state_dict(),
-                  meta={"learner": self.learner_name, "config": dataclasses.asdict(self.config)})
 
     # -- ArviZ -----------------------------------------------------------------------------------
     def to_inference_data(self, nodes: list[int] | None = None):

@@ -11,7 +11,6 @@ class for LSM; ``f* | f`` for OVE), pushed through the likelihood and averaged.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -25,7 +24,6 @@ from ppl_cl.batch import Batch, as_numpy
 from ppl_cl.configs.gp_tree import LSMConfig, OVEConfig
 from ppl_cl.learner import Learner
 from ppl_cl.learners.gp_tree import NotFittedError
-from ppl_cl.persist import save_tree
 from ppl_cl.predictive import CategoricalPredictive
 
 __all__ = ["LSMGibbsClassifier", "OVEGibbsClassifier"]
@@ -36,17 +34,9 @@ _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 class _MulticlassGibbs(Learner):
     config_cls: type = LSMConfig
 
-    def __init__(self, config=None, **overrides: Any) -> None:
-        cfg = self.config_cls() if config is None else config
-        if not isinstance(cfg, self.config_cls):
-            raise TypeError(f"config: expected a {self.config_cls.__name__}, received "
-                            f"{type(cfg).__name__}")
-        if overrides:
-            bad = sorted(set(overrides) - {f.name for f in dataclasses.fields(cfg)})
-            if bad:
-                raise TypeError(f"unknown {self.config_cls.__name__} fields {bad}")
-            cfg = dataclasses.replace(cfg, **overrides)
-        self.config = cfg
+    def __init__(self, config=None, /, **overrides: Any) -> None:
+        super().__init__(config, **overrides)
+        cfg = self.config
         self.dtype = _DTYPES[cfg.dtype]
         self.device = torch.device(cfg.device)
         self.X: torch.Tensor | None = None
@@ -164,10 +154,6 @@ class _MulticlassGibbs(Learner):
         st = {k: (v.to(self.device, self.dtype) if v.is_floating_point() else v)
               for k, v in st.items()}
         self.state = self._state_cls(**st)
-
-    def save(self, path) -> None:
-        save_tree(path, self.state_dict(),
-                  meta={"learner": self.learner_name, "config": dataclasses.asdict(self.config)})
 
     def to_inference_data(self):
         """The class functions at the training points over the sweeps of the last update:
