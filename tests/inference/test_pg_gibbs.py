@@ -148,3 +148,20 @@ def test_bad_engine_arguments():
         PGGibbs(num_chains=0)
     with pytest.raises(ValueError, match="pg_sampler"):
         PGGibbs(pg_sampler="cpu")
+
+
+def test_engines_follow_the_engine_contract():
+    from inference.base import Engine, is_state
+    from inference.pg_multiclass import LSMGibbs, MulticlassProblem, OVEGibbs
+
+    for engine in (PGGibbs(num_chains=2), LSMGibbs(num_chains=2), OVEGibbs(num_chains=2)):
+        assert isinstance(engine, Engine)
+    X, y, params = _node(n=6)
+    K = node_gram(params, X)
+    problem = pad_problems([K], [y.to(D) - 0.5])
+    state = PGGibbs(num_chains=2).init(problem, seed=0)
+    assert is_state(state) and is_state(PGGibbs(num_chains=2).step(None, state, problem)[0])
+    Y = torch.nn.functional.one_hot(y, 2).to(D)
+    mp = MulticlassProblem(K, jitter_cholesky(K), Y)
+    assert is_state(LSMGibbs(num_chains=2).init(mp, seed=0))
+    assert is_state(OVEGibbs(num_chains=2).init(mp, seed=0))

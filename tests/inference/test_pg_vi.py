@@ -144,3 +144,14 @@ def test_loss_is_differentiable_in_the_kernel():
 def test_bad_learning_rate():
     with pytest.raises(ValueError, match="learning_rate"):
         PGVI(0.0)
+
+
+def test_vi_engine_follows_the_engine_contract():
+    from inference.base import Engine, is_state
+
+    engine = PGVI(0.5)
+    assert isinstance(engine, Engine)
+    X, y, params = _node()
+    state = engine.init(8, 8)
+    new, info = engine.step(None, state, _full_batch(X, y, params))
+    assert is_state(state) and is_state(new)
