@@ -25,8 +25,6 @@ Handled inputs: a task with constant targets is stored with ``theta_hat = 0`` an
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import time
 from typing import Any
 
@@ -34,16 +32,11 @@ import numpy as np
 
 from ppl_cl.batch import Batch, as_numpy
 from ppl_cl.configs.gp_ella import GPELLAConfig
-from ppl_cl.learner import Learner
+from ppl_cl.learner import Learner, check_batch
 from ppl_cl.numerics import enable_x64
-from ppl_cl.persist import save_tree
 from ppl_cl.predictive import GaussianPredictive
 
-try:  # the lead adds it to ppl_cl.errors
-    from ppl_cl.errors import NotFittedError
-except ImportError:  # pragma: no cover - until then
-    class NotFittedError(RuntimeError):
-        """``predict`` (or an export) before any ``update``."""
+from ppl_cl.errors import NotFittedError
 
 __all__ = ["GPELLA", "NotFittedError", "ConfigLearner", "TaskStore"]
 
@@ -63,34 +56,15 @@ def _synchronous_cpu_dispatch() -> None:
 
 
 class ConfigLearner(Learner):
-    """A learner built as ``Cls(config=None, **overrides)`` from its frozen config dataclass
-    ``config_cls`` (kept as ``self.config``); saved with the config's fields as JSON."""
+    """The GP-ELLA learners' shared start: the config of :class:`ppl_cl.learner.Learner`,
+    float64 JAX and synchronous CPU dispatch."""
 
-    config_cls: type = object
-
-    def __init__(self, config: Any = None, **overrides: Any) -> None:
-        if config is None:
-            config = self.config_cls(**{k: (tuple(v) if isinstance(v, list) else v)
-                                        for k, v in overrides.items()})
-        else:
-            if not isinstance(config, self.config_cls):
-                raise TypeError(f"config: expected a {self.config_cls.__name__}, received "
-                                f"{type(config).__name__}")
-            if overrides:
-                config = dataclasses.replace(config, **overrides)
-        self.config = config
+    def __init__(self, config: Any = None, /, **overrides: Any) -> None:
+        super().__init__(config, **overrides)
         enable_x64()
         _synchronous_cpu_dispatch()
 
-    def save(self, path: str | os.PathLike) -> None:
-        save_tree(path, self.state_dict(),
-                  meta={"learner": self.learner_name, "config": dataclasses.asdict(self.config)})
-
-    @staticmethod
-    def _check_batch(batch: Any) -> Batch:
-        if not isinstance(batch, Batch):
-            raise TypeError(f"batch: expected a ppl_cl.Batch, received {type(batch).__name__}")
-        return batch
+    _check_batch = staticmethod(check_batch)
 
 
 class TaskStore:
