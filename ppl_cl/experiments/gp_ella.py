@@ -17,7 +17,7 @@ tuned values; rMSE over all test points of all tasks after the last task. Times 
 seconds of learning all tasks plus predicting all test sets (tuning excluded, as in Table 1).
 
 Where we differ from the paper (each is a field): features are standardized (theta is an
-inverse squared lengthscale, in units of 1 / feature^2; Parkinson's features span ten orders
+inverse squared lengthscale, in units of 1 / feature^2; Parkinson's feature scales span five orders
 of magnitude); the batch baselines fit and condition on at most ``batch_max_train`` pooled
 points; ``k_max`` can cap the k grid.
 """
