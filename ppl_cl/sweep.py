@@ -2,7 +2,7 @@
 
 A sweep is the cross product of experiment names, seeds and the values of each ``--grid`` key,
 with fixed ``--set`` overrides applied to every run. Each run is one ``ppl-cl run`` in a
-process of its own (``python -m ppl_cl.sweep run NAME --seed S --out DIR --set ...``: the CLI's
+process of its own (``python -m ppl_cl.cli run NAME --seed S --out DIR --set ...``: the CLI's
 own code path), so its run folder is exactly what ``ppl-cl run`` writes, its thread budget is
 set before torch / JAX load, and a run that raises, runs out of memory or is killed stops no
 other. The runs are spread over
@@ -37,6 +37,7 @@ runs).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -341,15 +342,16 @@ def execute(task: dict[str, Any], processes: _Processes | None = None) -> dict[s
     processes = processes or _Processes()
     log = Path(task["log"])
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **task.get("env", {}), "PPL_CL_SWEEP_PARENT": str(os.getpid())}
-    argv = [sys.executable, "-m", "ppl_cl.sweep", *task["argv"]]
+    env = {**os.environ, **task.get("env", {})}
+    argv = [sys.executable, "-m", "ppl_cl.cli", *task["argv"]]
     t0 = time.perf_counter()
     with open(log, "ab") as fh:
         fh.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n".encode())
         fh.flush()
         start = fh.tell()
         proc = processes.popen(argv, stdout=fh, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, env=env)
+                               stdin=subprocess.DEVNULL, env=env,
+                               preexec_fn=functools.partial(_die_with_parent, os.getpid()))
         try:
             returncode = proc.wait()
         except BaseException:           # a Ray task cancelled, Ctrl-C: end the run, then go
@@ -370,11 +372,10 @@ def execute(task: dict[str, Any], processes: _Processes | None = None) -> dict[s
             "wall_time_s": time.perf_counter() - t0, "host": os.uname().nodename}
 
 
-def _die_with_parent() -> None:
-    """In a run's process: ask Linux to send SIGTERM when the sweep's process that started it
-    dies, and stop at once if it is already gone."""
-    parent = os.environ.get("PPL_CL_SWEEP_PARENT")
-    if parent is None or not sys.platform.startswith("linux"):
+def _die_with_parent(parent: int) -> None:
+    """In a run's process, between fork and exec: ask Linux to send SIGTERM when the sweep's
+    process ``parent`` that started it dies, and stop at once if it is already gone."""
+    if not sys.platform.startswith("linux"):
         return
     import ctypes
 
@@ -383,8 +384,8 @@ def _die_with_parent() -> None:
         libc.prctl(1, int(signal.SIGTERM))          # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # pragma: no cover
         return
-    if os.getppid() != int(parent):
-        sys.exit(128 + signal.SIGTERM)
+    if os.getppid() != parent:
+        os._exit(128 + signal.SIGTERM)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -656,9 +657,3 @@ def sweep(names: Sequence[str], *, out: str | Path, seeds: Sequence[int] = (0,),
     return {"runs": entries, "failed": failed, "executor": "ray" if use_ray else "local",
             "report": report}
 
-
-if __name__ == "__main__":  # a run's process: `ppl-cl ARGS` that dies with the sweep
-    _die_with_parent()
-    from ppl_cl.cli import main as _main
-
-    sys.exit(_main(sys.argv[1:]))

@@ -80,7 +80,7 @@ def _state_equal(a, b) -> bool:
 def _untimed(state):
     if isinstance(state, dict):
         return {k: _untimed(v) for k, v in state.items()
-                if k not in ("wall_time_s", "seconds_per_epoch")}
+                if not (k in ("wall_time_s", "seconds_per_epoch") or k.endswith("_seconds"))}
     if isinstance(state, list):
         return [_untimed(v) for v in state]
     return state
