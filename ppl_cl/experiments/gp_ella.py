@@ -140,6 +140,22 @@ def _pooled_rmse(preds: list[np.ndarray], ys: list[np.ndarray]) -> float:
     return float(np.sqrt(np.mean(err ** 2)))
 
 
+def _grid_search(sub: list, ks: list[int], exps: tuple, learn) -> dict[str, Any]:
+    """The validation MSE of ``learn(k, mu, lam)`` (a learner fitted on ``sub``'s sub-train
+    sets) over the grid k in ``ks``, log mu and log lambda in ``exps``; the best setting."""
+    best = (math.inf, None)
+    for k in ks:
+        for em in exps:
+            for el in exps:
+                learner = learn(k, math.exp(em), math.exp(el))
+                mse = np.mean(np.concatenate([(learner.predict(xv, t).mean - yv) ** 2
+                                              for t, (_, _, xv, yv) in enumerate(sub)]))
+                if mse < best[0]:
+                    best = (float(mse), (k, em, el))
+    k, em, el = best[1]
+    return {"num_components": k, "mu": math.exp(em), "lam": math.exp(el), "val_mse": best[0]}
+
+
 def tune_gp_ella(sub: list, base: GPELLAConfig, ks: list[int], exps: tuple) -> dict[str, Any]:
     """Grid search of k, mu, lambda on ``sub`` = [(x_subtrain, y_subtrain, x_val, y_val)]; the
     single-task fits do not depend on them and are computed once."""
@@ -152,39 +168,27 @@ def tune_gp_ella(sub: list, base: GPELLAConfig, ks: list[int], exps: tuple) -> d
                 init_noise_ratio=base.init_noise_ratio, hessian=base.hessian,
                 pad_multiple=base.pad_multiple)
     fits = [fit_single_task(xt, yt - yt.mean(), **opts) for xt, yt, _, _ in sub]
-    best = (math.inf, None)
-    for k in ks:
-        for em in exps:
-            for el in exps:
-                cfg = replace(base, num_components=k, mu=math.exp(em), lam=math.exp(el))
-                g = GPELLA(cfg)
-                for t, ((xt, yt, _, _), fit) in enumerate(zip(sub, fits)):
-                    g.update(Batch(xt, yt, task_id=t), single_task_fit=fit)
-                mse = np.mean(np.concatenate(
-                    [(g.predict(xv, t).mean - yv) ** 2 for t, (_, _, xv, yv) in enumerate(sub)]))
-                if mse < best[0]:
-                    best = (float(mse), (k, em, el))
-    k, em, el = best[1]
-    return {"num_components": k, "mu": math.exp(em), "lam": math.exp(el), "val_mse": best[0]}
+
+    def learn(k, mu, lam):
+        g = GPELLA(replace(base, num_components=k, mu=mu, lam=lam))
+        for t, ((xt, yt, _, _), fit) in enumerate(zip(sub, fits)):
+            g.update(Batch(xt, yt, task_id=t), single_task_fit=fit)
+        return g
+
+    return _grid_search(sub, ks, exps, learn)
 
 
 def tune_ella(sub: list, base, ks: list[int], exps: tuple) -> dict[str, Any]:
     from ppl_cl import Batch
     from ppl_cl.learners.gp_ella_baselines import LinearELLA
 
-    best = (math.inf, None)
-    for k in ks:
-        for em in exps:
-            for el in exps:
-                e = LinearELLA(replace(base, num_components=k, mu=math.exp(em), lam=math.exp(el)))
-                for t, (xt, yt, _, _) in enumerate(sub):
-                    e.update(Batch(xt, yt, task_id=t))
-                mse = np.mean(np.concatenate(
-                    [(e.predict(xv, t).mean - yv) ** 2 for t, (_, _, xv, yv) in enumerate(sub)]))
-                if mse < best[0]:
-                    best = (float(mse), (k, em, el))
-    k, em, el = best[1]
-    return {"num_components": k, "mu": math.exp(em), "lam": math.exp(el), "val_mse": best[0]}
+    def learn(k, mu, lam):
+        e = LinearELLA(replace(base, num_components=k, mu=mu, lam=lam))
+        for t, (xt, yt, _, _) in enumerate(sub):
+            e.update(Batch(xt, yt, task_id=t))
+        return e
+
+    return _grid_search(sub, ks, exps, learn)
 
 
 def _build(method: str, config: GPELLAProtocolConfig, tuned: dict, seed: int):

@@ -59,18 +59,16 @@ def cub_split(data_dir=None):
 
 
 def _class_subset(xtr, ytr, xte, yte, classes, train_per_class, test_per_class, rng):
-    idx = []
-    for c in classes:
-        pool = np.flatnonzero(ytr == c)
-        k = min(train_per_class, pool.size) if train_per_class else pool.size
-        idx.append(np.sort(rng.choice(pool, k, replace=False)))
-    idx = np.concatenate(idx)
-    te = []
-    for c in classes:
-        pool = np.flatnonzero(yte == c)
-        k = min(test_per_class, pool.size) if test_per_class else pool.size
-        te.append(np.sort(rng.choice(pool, k, replace=False)))
-    te = np.concatenate(te)
+    def draw(y, per_class):
+        idx = []
+        for c in classes:
+            pool = np.flatnonzero(y == c)
+            k = min(per_class, pool.size) if per_class else pool.size
+            idx.append(np.sort(rng.choice(pool, k, replace=False)))
+        return np.concatenate(idx)
+
+    idx = draw(ytr, train_per_class)
+    te = draw(yte, test_per_class)
     remap = np.full(int(max(ytr.max(), yte.max())) + 1, -1)
     remap[np.asarray(classes)] = np.arange(len(classes))
     return xtr[idx], remap[ytr[idx]], xte[te], remap[yte[te]]

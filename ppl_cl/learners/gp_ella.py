@@ -151,6 +151,16 @@ class TaskStore:
         return store
 
 
+def ella_engine(config: Any):
+    """The ELLA engine (sparse coding and basis update, eqs. 10-11) of a GP-ELLA or linear-ELLA
+    config."""
+    from inference.gp_ella import ELLAEngine
+
+    return ELLAEngine(config.num_components, config.mu, config.lam,
+                      max_inner_iterations=config.max_inner_iterations,
+                      inner_tolerance=config.inner_tolerance)
+
+
 class GPELLA(ConfigLearner):
     """GP-ELLA on the learner protocol (module docstring). Build as
     ``GPELLA(GPELLAConfig(...))`` or ``GPELLA(num_components=4, mu=...)``."""
@@ -160,12 +170,8 @@ class GPELLA(ConfigLearner):
 
     def __init__(self, config: GPELLAConfig | None = None, **overrides: Any) -> None:
         super().__init__(config, **overrides)
-        from inference.gp_ella import ELLAEngine
-
         c = self.config
-        self.engine = ELLAEngine(c.num_components, c.mu, c.lam,
-                                 max_inner_iterations=c.max_inner_iterations,
-                                 inner_tolerance=c.inner_tolerance)
+        self.engine = ella_engine(c)
         self._store = TaskStore()
         self._state = None  # inference.gp_ella.ELLAState
         self._fits: list[dict[str, Any]] = []  # per slot: signal/noise variance, nll, ...

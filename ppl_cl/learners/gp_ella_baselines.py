@@ -23,7 +23,7 @@ import numpy as np
 from ppl_cl.batch import Batch
 from ppl_cl.configs.gp_ella import (IndividualGPConfig, LinearELLAConfig, MultiTaskGPConfig,
                                     SharedGPConfig)
-from ppl_cl.learners.gp_ella import ConfigLearner, NotFittedError, TaskStore
+from ppl_cl.learners.gp_ella import ConfigLearner, NotFittedError, TaskStore, ella_engine
 from ppl_cl.predictive import GaussianPredictive
 
 __all__ = ["IndividualGPs", "SharedGP", "MultiTaskGP", "LinearELLA"]
@@ -282,12 +282,8 @@ class LinearELLA(ConfigLearner):
 
     def __init__(self, config: LinearELLAConfig | None = None, **overrides: Any) -> None:
         super().__init__(config, **overrides)
-        from inference.gp_ella import ELLAEngine
-
         c = self.config
-        self.engine = ELLAEngine(c.num_components, c.mu, c.lam,
-                                 max_inner_iterations=c.max_inner_iterations,
-                                 inner_tolerance=c.inner_tolerance)
+        self.engine = ella_engine(c)
         self._store = TaskStore()
         self._state = None
         self._num_updates = 0
