@@ -37,21 +37,28 @@ and the log predictive is
     regression (eq. 6 / 16):  log N(y | mu, s^2 + s2)
     softmax    (eq. 12):      log (1/S) sum_s softmax(mu + s eps_s)_y,  eps_s ~ N(0, I_K)
 
-(reparameterized: the gradient flows through mu and s into delta). The calibrated softmax
-``softmax(alpha (mu + s eps_s))`` of eq. 13 is the predictive and the fine-tuning objective;
-``FilterOptions.calibrated_forgetting`` also uses it for delta.
+(reparameterized: the gradient flows through mu and s into delta). Sect. 2.1.2 replaces the
+softmax of eq. 11 by the calibrated ``softmax(alpha (mu + s eps_s))`` (eq. 13), so with alpha
+introduced eq. 13 is the predictive, the fine-tuning objective and (the default,
+``FilterOptions.calibrated_forgetting``) delta's objective; ``calibrated_forgetting=False``
+learns delta on the plain eq. 12 (alpha = 1) instead.
 
 Chunked protocol (App. D.2) in :func:`chunk_update`: the learner first predicts the whole chunk
 from the current statistics (:func:`predictive_moments`, :func:`class_probabilities`), takes its
 gradient step on (theta, alpha), then the recursion runs through the chunk point by point with
 
 * ``transition="always"`` ("Always Markov"): a transition and a delta step before every point;
-* ``transition="last"`` ("Last Step Markov"): the chunk is one time step: one delta step on the
-  mean log predictive of the chunk's points under the pre-chunk statistics, one transition, then
-  the chunk's points are assimilated with gamma = 1 between them. The transition taken after
-  the last point of chunk n and the one taken before the first point of chunk n+1 are the same
-  operation; taking it at the chunk start lets prediction and update share the prior
-  ``q(W_n | S_{1:n-1})``.
+* ``transition="last"`` ("Last Step Markov", App. D.2: "we only do Markov transition on the
+  last point in the chunk"): the points before the chunk's last (valid) point are assimilated
+  with gamma = 1; the last point takes the delta step of Algorithm 1 on its own log predictive,
+  the transition, then its update;
+* ``transition="first"`` (an alternative reading, an option): the chunk is one time step: one
+  delta step on the mean log predictive of the chunk's points under the pre-chunk statistics,
+  one transition before the first point, then gamma = 1 between the points, so that the
+  chunk's prediction and its update share the prior ``q(W_n | S_{1:n-1})``.
+
+In every mode the chunk is predicted one transition ahead at the current gamma (eq. 13 with
+``M^- = gamma M``, ``A^- = gamma^2 A + (1 - gamma^2) s_w2 I``).
 
 Blocked recursion (:func:`filter_blocked`, the default inside :func:`chunk_update`): a block of
 B points is processed with two matrix-matrix products instead of 2B passes over A. With
@@ -71,8 +78,8 @@ Monte Carlo draws: in :func:`filter` / :func:`filter_blocked` the ``(S, K)`` dra
 come from ``fold_in(rng_key, i)`` inside the scan (memory independent of the stream length; the
 same draws in both recursions); :func:`chunk_update` draws a chunk's ``(b, S, K)`` at once.
 
-Replay memory (App. D.4): :class:`ReplayMemory`, a ring buffer of the most recent points with
-:func:`replay_add` and :func:`replay_sample` (without replacement, fixed shape, masked).
+The replay memory of App. D.4 is :mod:`inference.replay`; the fine-tuning step on (theta,
+alpha) that precedes a chunk's recursion is :mod:`inference.kalman_finetune`.
 """
 
 from __future__ import annotations
@@ -88,11 +95,12 @@ from models.kalman import DriftPrior, GaussianLikelihood, SoftmaxLikelihood, Sur
 from models.linalg_jax import symmetrize
 
 __all__ = [
-    "KalmanParams", "FilterOptions", "KalmanState", "StepInfo", "ChunkInfo", "ReplayMemory",
+    "KalmanParams", "FilterOptions", "KalmanState", "StepInfo", "ChunkInfo", "KalmanFilter",
     "init", "forgetting", "step", "filter", "filter_blocked", "chunk_update",
-    "default_block_size",
+    "default_block_size", "FLOAT32_BLOCK_SIZE",
     "predictive_moments", "class_probabilities", "log_predictive", "mean_log_predictive",
-    "projected_prior", "replay_init", "replay_add", "replay_sample",
+    "masked_mean", "TRANSITIONS",
+    "projected_prior",
 ]
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -128,9 +136,9 @@ class FilterOptions(NamedTuple):
         max_delta: upper clip of delta (``inf``: only ``delta >= 0`` as in the paper).
         num_samples: S, Monte Carlo samples of the logits (softmax only).
         mean_preserving: App. C variant ``M^- = M`` (no shrinkage of the mean).
-        calibrated_forgetting: use the calibrated softmax (eq. 13) in delta's objective. The
-            paper (Sect. 2.1) introduces alpha for prediction and fine-tuning only and learns
-            delta on eq. 12 (``alpha = 1``), the default ``False``.
+        calibrated_forgetting: delta's objective is the calibrated eq. 13 (Sect. 2.1.2: "the
+            softmax in (11) is replaced by" the calibrated one; the default); ``False``: the
+            plain eq. 12 (alpha = 1).
     """
 
     likelihood: str = "gaussian"
@@ -139,7 +147,7 @@ class FilterOptions(NamedTuple):
     max_delta: float = math.inf
     num_samples: int = 16
     mean_preserving: bool = False
-    calibrated_forgetting: bool = False
+    calibrated_forgetting: bool = True
 
 
 class KalmanState(NamedTuple):
@@ -184,29 +192,13 @@ class ChunkInfo(NamedTuple):
     Attributes:
         steps: per-point :class:`StepInfo`, leading axis = chunk points.
         chunk_log_predictive: mean log predictive of the chunk under the pre-chunk statistics
-            (the "last" transition's delta objective; NaN for ``"always"``).
-        chunk_delta_gradient: its delta-gradient (0 for ``"always"``).
+            (the ``"first"`` transition's delta objective; NaN for ``"always"`` / ``"last"``).
+        chunk_delta_gradient: its delta-gradient (0 for ``"always"`` / ``"last"``).
     """
 
     steps: StepInfo
     chunk_log_predictive: Array
     chunk_delta_gradient: Array
-
-
-class ReplayMemory(NamedTuple):
-    """Ring buffer of the most recent points (App. D.4 keeps 100).
-
-    Attributes:
-        inputs: ``(R, d)`` raw inputs (features change when theta is fine-tuned).
-        targets: ``(R,)`` labels or regression targets.
-        size: number of filled slots, ``()``.
-        position: next slot to write, ``()``.
-    """
-
-    inputs: Array
-    targets: Array
-    size: Array
-    position: Array
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,6 +260,17 @@ def projected_prior(delta: Array, mean_projection: Array, variance_projection: A
     return mu, s2
 
 
+def _safe_sqrt(x: Array) -> Array:
+    """``sqrt(x)`` whose gradient at ``x = 0`` is 0 instead of inf.
+
+    A point with zero features (an empty replay slot, a masked point, or a real point whose
+    features vanish) has ``s^2 = 0``; its log predictive does not depend on delta or alpha
+    through ``s`` there, but ``d sqrt / dx = inf`` times a zero cotangent is NaN, which would
+    poison the gradient of a whole chunk."""
+    positive = x > 0
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1.0)), 0.0)
+
+
 def _point_log_predictive(mu: Array, s2: Array, target_vec: Array, label: Array, eps: Any,
                           params: KalmanParams, options: FilterOptions) -> Array:
     """log p(y | y_{1:n-1}) of one point from its projected prior (mu (K,), s2 ())."""
@@ -276,7 +279,7 @@ def _point_log_predictive(mu: Array, s2: Array, target_vec: Array, label: Array,
         return jnp.sum(-0.5 * (_LOG_2PI + jnp.log(var) + (target_vec - mu) ** 2 / var))
     if options.likelihood == "softmax":
         alpha = params.readout.calibration
-        logits = alpha * (mu[None, :] + jnp.sqrt(s2) * eps)          # (S, K), eq. 13
+        logits = alpha * (mu[None, :] + _safe_sqrt(s2) * eps)        # (S, K), eq. 13
         logp = jax.nn.log_softmax(logits, axis=-1)[:, label]
         return jax.scipy.special.logsumexp(logp) - jnp.log(eps.shape[0])
     raise ValueError(f"options.likelihood: expected 'gaussian' or 'softmax', received "
@@ -556,13 +559,24 @@ def _block(state: KalmanState, Phi: Array, T: Array, labels: Array, index: Array
     return new_state, info
 
 
-def default_block_size(num_features: int) -> int:
-    """Points per block when none is given: ``m / 8`` clipped to [16, 128] (a power of two).
+FLOAT32_BLOCK_SIZE = 8
 
-    The block's end costs O(B m^2) flops as two matrix products (about 4 m^2 per point whatever
-    B) and one read + write of A per block; the per-point recursion inside the block costs
-    O(B^2) (coefficients in the 2B-dimensional basis). Measured on CPU: B = 32 is fastest at
-    m = 256 and B = 128 at m = 1024, i.e. B ~ m / 8."""
+
+def default_block_size(num_features: int, dtype: Any = None) -> int:
+    """Points per block when none is given.
+
+    float64: ``m / 8`` clipped to [16, 128] (a power of two). The block's end costs O(B m^2)
+    flops as two matrix products (about 4 m^2 per point whatever B) and one read + write of A
+    per block; the per-point recursion inside the block costs O(B^2) (coefficients in the
+    2B-dimensional basis). Measured on CPU: B = 32 is fastest at m = 256 and B = 128 at
+    m = 1024, i.e. B ~ m / 8.
+
+    float32: :data:`FLOAT32_BLOCK_SIZE` = 8. The block's coefficients accumulate rounding
+    that grows with B; on an ill-conditioned stream (gamma = 1, s2 = 0.01, correlated ReLU
+    features) B = 8 keeps the float32 error against float64 within twice the per-point scan's,
+    where B = 64 does not (tests/inference/test_kalman.py)."""
+    if dtype is not None and jnp.dtype(dtype) == jnp.float32:
+        return FLOAT32_BLOCK_SIZE
     target = max(16, min(128, int(num_features) // 8))
     return 1 << (target.bit_length() - 1)
 
@@ -572,7 +586,7 @@ def _blocked_scan(state, features, t_vec, labels, index, transition, learn, vali
                   noise: Array | None = None) -> tuple[KalmanState, StepInfo]:
     n = features.shape[0]
     if block_size is None:
-        block_size = default_block_size(features.shape[1])
+        block_size = default_block_size(features.shape[1], features.dtype)
     B = max(1, min(int(block_size), n))
     nb = -(-n // B)
     pad = nb * B - n
@@ -613,6 +627,20 @@ def filter_blocked(rng_key: Array, state: KalmanState, features: Array, targets:
 # ---------------------------------------------------------------------------------------------
 # prediction (eq. 6, eq. 13) on a batch
 # ---------------------------------------------------------------------------------------------
+def _batch_prior(state: KalmanState, Phi: Array, params: KalmanParams, options: FilterOptions,
+                 delta: Array | None = None) -> tuple[Array, Array]:
+    """:func:`projected_prior` of every row of ``Phi`` ``(n, m)`` from the projections of the
+    old posterior, ``P = Phi A`` (rows ``A phi_i``), ``q = phi_i^T A phi_i``, ``|phi_i|^2`` and
+    ``mu0 = M^T phi_i``, at ``delta`` (default: the state's). Returns ``(mu (n, K), s2 (n,))``."""
+    P = Phi @ state.covariance
+    q = jnp.sum(P * Phi, axis=1)
+    n2 = jnp.sum(Phi * Phi, axis=1)
+    mu0 = Phi @ state.mean
+    d = state.delta if delta is None else delta
+    return projected_prior(jnp.broadcast_to(d, q.shape), mu0, q, n2,
+                           _as(params.prior.prior_variance, Phi.dtype), options.mean_preserving)
+
+
 def predictive_moments(state: KalmanState, features: Array, params: KalmanParams,
                        options: FilterOptions) -> tuple[Array, Array]:
     """Moments of the latent ``f = W_n^T phi`` under ``q(W_n | y_{1:n-1})`` (one transition at
@@ -620,15 +648,7 @@ def predictive_moments(state: KalmanState, features: Array, params: KalmanParams
 
     Returns ``(mean (n, K), variance (n,))``; the regression predictive of y adds ``s2``.
     """
-    dtype = state.covariance.dtype
-    Phi = _as(features, dtype)
-    P = Phi @ state.covariance
-    q = jnp.sum(P * Phi, axis=1)
-    n2 = jnp.sum(Phi * Phi, axis=1)
-    mu0 = Phi @ state.mean
-    delta = jnp.broadcast_to(state.delta, q.shape)
-    return projected_prior(delta, mu0, q, n2, _as(params.prior.prior_variance, dtype),
-                           options.mean_preserving)
+    return _batch_prior(state, _as(features, state.covariance.dtype), params, options)
 
 
 def class_probabilities(rng_key: Array, mean: Array, variance: Array, calibration: Any = 1.0,
@@ -655,13 +675,7 @@ def log_predictive(rng_key: Array, state: KalmanState, features: Array, targets:
     K = state.mean.shape[1]
     t_vec, labels = _targets(targets, K, options, dtype)
     eps = _noise(rng_key, n, K, options, dtype)
-    P = Phi @ state.covariance
-    q = jnp.sum(P * Phi, axis=1)
-    n2 = jnp.sum(Phi * Phi, axis=1)
-    mu0 = Phi @ state.mean
-    d = state.delta if delta is None else delta
-    mu, s2 = projected_prior(jnp.broadcast_to(d, q.shape), mu0, q, n2,
-                             _as(params.prior.prior_variance, dtype), options.mean_preserving)
+    mu, s2 = _batch_prior(state, Phi, params, options, delta)
     return jax.vmap(lambda mu_i, s2_i, t_i, l_i, e_i: _point_log_predictive(
         mu_i, s2_i, t_i, l_i, e_i, params, options))(mu, s2, t_vec, labels, eps)
 
@@ -670,17 +684,33 @@ def mean_log_predictive(rng_key: Array, state: KalmanState, features: Array, tar
                         params: KalmanParams, options: FilterOptions, mask: Array | None = None,
                         delta: Array | None = None) -> Array:
     """Masked mean of :func:`log_predictive`: the chunk objective of Sect. 2.1.2 (fine-tuning
-    theta and alpha) and of the "last" transition's delta step."""
-    lp = log_predictive(rng_key, state, features, targets, params, options, delta)
+    theta and alpha) and of the ``"first"`` transition's delta step."""
+    return masked_mean(log_predictive(rng_key, state, features, targets, params, options, delta),
+                       mask)
+
+
+def masked_mean(values: Array, mask: Array | None = None) -> Array:
+    """Mean of ``values`` ``(n,)`` over ``mask`` (all when None; 0 points: 0)."""
     if mask is None:
-        return jnp.mean(lp)
-    w = jnp.asarray(mask, lp.dtype)
-    return jnp.sum(lp * w) / jnp.maximum(jnp.sum(w), 1.0)
+        return jnp.mean(values)
+    w = jnp.asarray(mask, values.dtype)
+    return jnp.sum(values * w) / jnp.maximum(jnp.sum(w), 1.0)
 
 
 # ---------------------------------------------------------------------------------------------
 # chunked protocol (App. D.2)
 # ---------------------------------------------------------------------------------------------
+TRANSITIONS = ("always", "last", "first")
+
+
+def _check_transition(transition: str, method: str = "blocked") -> None:
+    if transition not in TRANSITIONS:
+        raise ValueError(f"transition: expected one of {', '.join(TRANSITIONS)}, received "
+                         f"{transition!r}")
+    if method not in ("blocked", "sequential"):
+        raise ValueError(f"method: expected 'blocked' or 'sequential', received {method!r}")
+
+
 def chunk_update(rng_key: Array, state: KalmanState, features: Array, targets: Array,
                  params: KalmanParams, options: FilterOptions, *, transition: str = "always",
                  mask: Array | None = None, block_size: int | None = None,
@@ -692,8 +722,9 @@ def chunk_update(rng_key: Array, state: KalmanState, features: Array, targets: A
         state: :class:`KalmanState`.
         features: ``(b, m)`` (recomputed with the fine-tuned theta); targets as in :func:`filter`.
         params, options: :class:`KalmanParams`, :class:`FilterOptions` (static).
-        transition: ``"always"`` (Always Markov) or ``"last"`` (Last Step Markov: the chunk is
-            one time step; module docstring).
+        transition: ``"always"`` (Always Markov), ``"last"`` (Last Step Markov: the transition
+            on the chunk's last point) or ``"first"`` (the chunk as one time step, transition
+            before its first point; module docstring).
         mask: ``(b,)`` booleans (e.g. empty replay slots); masked points are skipped.
         block_size: points per block of the blocked recursion (``None``:
             :func:`default_block_size`).
@@ -702,10 +733,7 @@ def chunk_update(rng_key: Array, state: KalmanState, features: Array, targets: A
     Returns:
         ``(state, ChunkInfo)``.
     """
-    if transition not in ("always", "last"):
-        raise ValueError(f"transition: expected 'always' or 'last', received {transition!r}")
-    if method not in ("blocked", "sequential"):
-        raise ValueError(f"method: expected 'blocked' or 'sequential', received {method!r}")
+    _check_transition(transition, method)
     dtype = state.covariance.dtype
     key_chunk, key_points = jax.random.split(rng_key)
     features, t_vec, labels, index, valid, learn, fixed = _per_point_inputs(
@@ -719,6 +747,12 @@ def chunk_update(rng_key: Array, state: KalmanState, features: Array, targets: A
 
     if transition == "always":
         trans = valid
+        chunk_lp, chunk_grad = nan, zero
+    elif transition == "last":
+        # the transition and the delta step of Algorithm 1 on the last valid point only
+        last = jnp.max(jnp.where(valid, jnp.arange(n), -1))
+        trans = jnp.arange(n) == last
+        learn = jnp.logical_and(learn, trans)
         chunk_lp, chunk_grad = nan, zero
     else:
         # one delta step on the chunk's mean log predictive, then one transition (first point)
@@ -754,43 +788,44 @@ def chunk_update(rng_key: Array, state: KalmanState, features: Array, targets: A
 
 
 # ---------------------------------------------------------------------------------------------
-# replay memory (App. D.4)
+# the engine (inference/base.py contract)
 # ---------------------------------------------------------------------------------------------
-def replay_init(capacity: int, input_dim: int, input_dtype: Any = jnp.float32,
-                target_dtype: Any = jnp.int32) -> ReplayMemory:
-    """An empty ring buffer of ``capacity`` points of dimension ``input_dim``."""
-    if int(capacity) < 1:
-        raise ValueError(f"capacity: expected a positive int, received {capacity}")
-    return ReplayMemory(jnp.zeros((capacity, input_dim), input_dtype),
-                        jnp.zeros((capacity,), target_dtype),
-                        jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32))
+class KalmanFilter:
+    """The Kalman filter of the drift model as an engine of :mod:`inference.base`:
+    ``init(...) -> KalmanState`` and ``step(rng, state, batch) -> (KalmanState, ChunkInfo)``.
 
+    One ``step`` is one chunk of the App. D.2 recursion (:func:`chunk_update`): ``batch`` is
+    ``(features (b, m), targets)`` or ``(features, targets, mask)``; a chunk of one point with
+    ``transition="always"`` is one iteration of Algorithm 1 (delta step, transition, update).
+    The engine holds only static choices; ``step`` is pure and can be ``jax.jit``-ed or
+    scanned.
 
-def replay_add(memory: ReplayMemory, inputs: Array, targets: Array) -> ReplayMemory:
-    """Write a chunk ``(b, d)`` / ``(b,)``; the buffer keeps the ``R`` most recent points."""
-    R = memory.inputs.shape[0]
-    inputs = jnp.asarray(inputs, memory.inputs.dtype)
-    targets = jnp.asarray(targets, memory.targets.dtype)
-    if inputs.shape[0] > R:                      # only the last R of a long chunk survive
-        inputs, targets = inputs[-R:], targets[-R:]
-    b = inputs.shape[0]
-    idx = (memory.position + jnp.arange(b)) % R
-    return ReplayMemory(memory.inputs.at[idx].set(inputs), memory.targets.at[idx].set(targets),
-                        jnp.minimum(memory.size + b, R).astype(jnp.int32),
-                        ((memory.position + b) % R).astype(jnp.int32))
-
-
-def replay_sample(rng_key: Array, memory: ReplayMemory, num: int) -> tuple[Array, Array, Array]:
-    """``num`` distinct stored points drawn uniformly without replacement.
-
-    Returns ``(inputs (num, d), targets (num,), valid (num,))``; when fewer than ``num`` points
-    are stored the remaining slots are marked invalid (``valid`` False) so shapes stay fixed.
+    Args:
+        params: :class:`KalmanParams`.
+        options: :class:`FilterOptions`.
+        transition: ``"always"``, ``"last"`` (App. D.2) or ``"first"`` (:func:`chunk_update`).
+        block_size: points per block of the blocked recursion (``None``:
+            :func:`default_block_size`).
+        method: ``"blocked"`` or ``"sequential"``.
     """
-    R = memory.inputs.shape[0]
-    num = int(num)
-    scores = jax.random.uniform(rng_key, (R,))
-    scores = jnp.where(jnp.arange(R) < memory.size, scores, 2.0)   # empty slots last
-    order = jnp.argsort(scores)
-    take = order[:num] if num <= R else jnp.concatenate([order, order[: num - R]])
-    valid = jnp.arange(num) < jnp.minimum(memory.size, R)
-    return memory.inputs[take], memory.targets[take], valid
+
+    def __init__(self, params: KalmanParams, options: FilterOptions, *,
+                 transition: str = "always", block_size: int | None = None,
+                 method: str = "blocked") -> None:
+        _check_transition(transition, method)
+        self.params, self.options = params, options
+        self.transition, self.block_size, self.method = transition, block_size, method
+
+    def init(self, num_features: int, num_outputs: int = 1, *, initial_forgetting: float = 1.0,
+             dtype: Any = jnp.float64) -> KalmanState:
+        """:func:`init` with this engine's prior."""
+        return init(num_features, num_outputs, prior=self.params.prior,
+                    initial_forgetting=initial_forgetting, dtype=dtype)
+
+    def step(self, rng: Array, state: KalmanState, batch: tuple) -> tuple[KalmanState, ChunkInfo]:
+        """The recursion over one chunk ``batch = (features, targets[, mask])``."""
+        features, targets, *rest = batch
+        mask = rest[0] if rest else None
+        return chunk_update(rng, state, features, targets, self.params, self.options,
+                            transition=self.transition, mask=mask, block_size=self.block_size,
+                            method=self.method)

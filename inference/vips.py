@@ -686,7 +686,7 @@ def fit_hyperparameters(params: GPRegressionParams, X: Array, y: Array, Z: Array
     return fit_type2ml(_negative_elbo, params, lower_bounds=lower, upper_bounds=upper,
                        max_iterations=max_iterations, tolerance=tolerance,
                        gradient_tolerance=gradient_tolerance,
-                       args=(Xp, yp, xm, Zp, zm, old, jnp.asarray(jitter)))
+                       data=(Xp, yp, xm, Zp, zm, old, jnp.asarray(jitter)))
 
 
 @jax.jit

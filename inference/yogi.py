@@ -1,4 +1,4 @@
-"""Yogi (Zaheer, Reddi, Sachan, Kale & Kumar, NeurIPS 2018) as a ``torch.optim.Optimizer``.
+"""Yogi (Zaheer, Reddi, Sachan, Kale & Kumar, NeurIPS 2018) as pure functions on torch tensors.
 
 Pyro has no Yogi; VAR-GP (Kapoor et al. 2021, Sect. 5) trains with it. Yogi is Adam with an
 *additive* second-moment update (Zaheer et al. 2018, Algorithm 2):
@@ -12,65 +12,76 @@ accumulators started at ``initial_accumulator`` — exactly ``optax.yogi`` (and 
 ``torch_optimizer.Yogi`` the reference code used), whose defaults are taken here
 (``b1 = 0.9, b2 = 0.999, eps = 1e-3, initial_accumulator = 1e-6``). The test suite runs the
 same problem through ``optax.yogi`` and compares the iterates.
+
+The moments are a :class:`YogiState` of tensors (the engine contract of :mod:`inference.base`:
+optimizer state as arrays), updated out of place by :func:`yogi_update`.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import NamedTuple
 
 import torch
+from torch import Tensor
 
-__all__ = ["Yogi"]
+__all__ = ["YogiConfig", "YogiState", "yogi_init", "yogi_update"]
 
 
-class Yogi(torch.optim.Optimizer):
-    """Yogi optimizer (see the module docstring for the update).
+class YogiConfig(NamedTuple):
+    """Hyperparameters of Yogi (defaults of ``optax.yogi``)."""
 
-    Args:
-        params: parameters or parameter groups.
-        lr: learning rate.
-        betas: ``(b1, b2)``.
-        eps: added to ``sqrt(v_hat)``.
-        initial_accumulator: initial value of both moment accumulators (must be > 0).
-    """
+    learning_rate: float = 1e-2
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-3
+    initial_accumulator: float = 1e-6
 
-    def __init__(self, params: Iterable, lr: float = 1e-2, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-3, initial_accumulator: float = 1e-6):
-        if not lr > 0:
-            raise ValueError(f"lr: expected > 0, received {lr}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"betas: expected each in [0, 1), received {betas}")
-        if not eps >= 0:
-            raise ValueError(f"eps: expected >= 0, received {eps}")
-        if not initial_accumulator > 0:
-            raise ValueError(f"initial_accumulator: expected > 0, received {initial_accumulator}")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      initial_accumulator=initial_accumulator))
+    def check(self) -> "YogiConfig":
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate: expected > 0, received {self.learning_rate}")
+        if not (0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0):
+            raise ValueError(f"betas: expected each in [0, 1), received {(self.b1, self.b2)}")
+        if not self.eps >= 0:
+            raise ValueError(f"eps: expected >= 0, received {self.eps}")
+        if not self.initial_accumulator > 0:
+            raise ValueError(f"initial_accumulator: expected > 0, received "
+                             f"{self.initial_accumulator}")
+        return self
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            b1, b2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = p.grad
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.full_like(p, group["initial_accumulator"])
-                    state["exp_avg_sq"] = torch.full_like(p, group["initial_accumulator"])
-                state["step"] += 1
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                g2 = g * g
-                m.mul_(b1).add_(g, alpha=1.0 - b1)
-                v.addcmul_(torch.sign(v - g2), g2, value=-(1.0 - b2))
-                t = state["step"]
-                m_hat = m / (1.0 - b1 ** t)
-                v_hat = v / (1.0 - b2 ** t)
-                p.addcdiv_(m_hat, v_hat.sqrt().add_(group["eps"]), value=-group["lr"])
-        return loss
+
+class YogiState(NamedTuple):
+    """First and second moments per parameter (same keys and shapes) and the step count."""
+
+    count: int
+    mu: dict[str, Tensor]
+    nu: dict[str, Tensor]
+
+
+def yogi_init(params: dict[str, Tensor], config: YogiConfig = YogiConfig()) -> YogiState:
+    """Both accumulators at ``initial_accumulator``, count 0."""
+    a = config.check().initial_accumulator
+    return YogiState(0, {n: torch.full_like(p, a) for n, p in params.items()},
+                     {n: torch.full_like(p, a) for n, p in params.items()})
+
+
+@torch.no_grad()
+def yogi_update(params: dict[str, Tensor], grads: dict[str, Tensor], state: YogiState,
+                config: YogiConfig = YogiConfig()) -> tuple[dict[str, Tensor], YogiState]:
+    """One Yogi step (module docstring). Parameters without a gradient (``None``) keep their
+    value and moments. Returns new tensors; the inputs are not modified."""
+    b1, b2, lr, eps = config.b1, config.b2, config.learning_rate, config.eps
+    t = state.count + 1
+    new_params, mu, nu = {}, {}, {}
+    for name, p in params.items():
+        g = grads.get(name)
+        if g is None:
+            new_params[name], mu[name], nu[name] = p, state.mu[name], state.nu[name]
+            continue
+        g2 = g * g
+        m = torch.add(state.mu[name] * b1, g, alpha=1.0 - b1)
+        v = torch.addcmul(state.nu[name], torch.sign(state.nu[name] - g2), g2, value=-(1.0 - b2))
+        m_hat = m / (1.0 - b1 ** t)
+        v_hat = v / (1.0 - b2 ** t)
+        new_params[name] = torch.addcdiv(p, m_hat, v_hat.sqrt().add_(eps), value=-lr)
+        mu[name], nu[name] = m, v
+    return new_params, YogiState(t, mu, nu)

@@ -7,7 +7,7 @@ raise them through :mod:`ppl_cl.experiments.base`, which re-exports them.
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "DeviceError", "Terminated"]
+__all__ = ["ConfigError", "DeviceError", "Terminated", "NotFittedError"]
 
 
 class ConfigError(ValueError):
@@ -22,3 +22,8 @@ class Terminated(BaseException):
 
 class DeviceError(RuntimeError):
     """``--device`` names a device this machine does not have."""
+
+
+class NotFittedError(RuntimeError):
+    """``predict`` (or an export of the posterior) was called on a learner that has not seen
+    any data yet: every learner raises this before its first ``update``."""

@@ -6,8 +6,8 @@ Continual learning over T tasks (VAR-GP, GP-Tree) is summarized by the **accurac
 
 Only the lower triangle ``j <= i`` enters :func:`average_accuracy`, :func:`forgetting` and
 :func:`backward_transfer`; entries ``j > i`` (tasks not trained yet) may be NaN or hold
-zero-shot accuracies and are ignored. :func:`evaluate_tasks` fills one row of R and of the
-entropy matrix with one call; :func:`paired_accuracy_difference` compares two learners scored
+zero-shot accuracies and are ignored (:func:`ppl_cl.protocols.evaluate_tasks` fills one row of R
+and of the entropy matrix); :func:`paired_accuracy_difference` compares two learners scored
 on the same test points (a paired standard error of their average-accuracy difference).
 
 Online learning (Kalman filter, Titsias et al. 2024) is summarized by running means of
@@ -36,7 +36,6 @@ __all__ = [
     "final_average_accuracy",
     "forgetting",
     "backward_transfer",
-    "evaluate_tasks",
     "paired_accuracy_difference",
     "average_online_accuracy",
     "cumulative_log_predictive",
@@ -153,58 +152,6 @@ def backward_transfer(accuracy_matrix: Any) -> float:
         return math.nan
     j = np.arange(T - 1)
     return float(np.mean(R[T - 1, j] - R[j, j]))
-
-
-def evaluate_tasks(learner: Any, tasks: Sequence[Any], upto: int | None = None,
-                   use_task_id: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Accuracy and mean predictive entropy of ``learner`` on the test sets of ``tasks``.
-
-    Calls ``learner.predict(task.test.x, task_id=task.task_id if use_task_id else None)`` for
-    tasks ``0..upto`` (all when ``upto`` is None); the prediction must be a
-    :class:`~ppl_cl.predictive.CategoricalPredictive`. After training on task ``i``::
-
-        R[i], H[i] = evaluate_tasks(learner, tasks, upto=i)   # lower triangle of row i
-        R[i], H[i] = evaluate_tasks(learner, tasks)           # the whole row (VAR-GP Fig. 3)
-
-    Args:
-        learner: anything with ``predict(x, task_id=None)`` (a :class:`~ppl_cl.learner.Learner`).
-        tasks: ``TaskSplit``-like objects with ``.test.x``, ``.test.y`` and ``.task_id``.
-        upto: index of the last task to evaluate (inclusive).
-        use_task_id: pass each task's id to ``predict`` (multi-head / task-aware learners).
-
-    Returns:
-        ``(accuracies, entropies)``, both of shape ``(len(tasks),)``: accuracy in ``[0, 1]`` and
-        mean per-point predictive entropy in nats; NaN for tasks after ``upto``.
-    """
-    T = len(tasks)
-    if T == 0:
-        raise ValueError("tasks: expected at least one task, received none")
-    if upto is None:
-        upto = T - 1
-    if not isinstance(upto, (int, np.integer)) or not 0 <= upto < T:
-        raise ValueError(f"upto: expected an int in 0..{T - 1}, received {upto!r}")
-    accuracies = np.full(T, np.nan)
-    entropies = np.full(T, np.nan)
-    for j in range(int(upto) + 1):
-        task = tasks[j]
-        test = getattr(task, "test", None)
-        if test is None or getattr(test, "y", None) is None:
-            raise ValueError(f"tasks[{j}]: expected a test batch with targets (task.test.y), "
-                             f"received {type(task).__name__}")
-        task_id = getattr(task, "task_id", None) if use_task_id else None
-        predictive = learner.predict(test.x, task_id=task_id)
-        if not isinstance(predictive, CategoricalPredictive):
-            raise TypeError(f"learner.predict: expected a CategoricalPredictive for task {j}, "
-                            f"received {type(predictive).__name__}")
-        y = np.asarray(as_numpy(test.y)).reshape(-1)
-        if len(predictive) != y.shape[0]:
-            raise ValueError(f"learner.predict: expected {y.shape[0]} predictions for task {j}, "
-                             f"received {len(predictive)}")
-        if y.shape[0] == 0:
-            raise ValueError(f"tasks[{j}].test: expected at least one test point, received none")
-        accuracies[j] = predictive.accuracy(y)
-        entropies[j] = predictive.entropy().mean()
-    return accuracies, entropies
 
 
 def paired_accuracy_difference(correct_a: Sequence[Any], correct_b: Sequence[Any],

@@ -10,9 +10,8 @@
 * :func:`sorted_batches` -- VIPS' streaming UCI protocol (Sect. 5.3): sort by one input
   column, cut into consecutive batches;
 * :func:`online_chunks`, :func:`task_stream` -- online continual learning (Kalman OCL paper,
-  Sect. 5.2): a stream of small chunks; tasks concatenated with boundaries kept for plots
+  Sect. 4.2): a stream of small chunks; tasks concatenated with boundaries kept for plots
   but not given to the learner;
-* :func:`prequential` -- the online evaluation loop (predict each chunk, then learn from it);
 * :func:`validation_split` -- VAR-GP reference validation set (last ``n_valid`` of a random
   permutation).
 
@@ -23,20 +22,17 @@ read on the host. Every random choice takes an explicit ``seed``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
 from ppl_cl.batch import Batch, array_backend, as_numpy
-from ppl_cl.predictive import CategoricalPredictive, GaussianPredictive
-from ppl_cl.progress import progress as _progress
 from ppl_cl.seeding import as_generator
 
 __all__ = [
     "TaskSplit", "split_tasks", "task_permutations", "permuted_tasks",
     "class_incremental_sessions", "sorted_batches", "online_chunks", "TaskStream", "task_stream",
-    "PrequentialResult", "prequential", "validation_split", "SPLIT_MNIST_CLASS_GROUPS",
+    "validation_split", "SPLIT_MNIST_CLASS_GROUPS",
 ]
 
 SPLIT_MNIST_CLASS_GROUPS: tuple[tuple[int, ...], ...] = ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))
@@ -336,7 +332,7 @@ def sorted_batches(x: Any, y: Any, column: int = 0, n_batches: int = 20) -> list
 
 def online_chunks(x: Any, y: Any, chunk_size: int = 10, shuffle: bool = False,
                   seed: int | np.random.Generator = 0) -> list[Batch]:
-    """Cut a data stream into consecutive chunks (Kalman OCL Sect. 5.2, App. D.2).
+    """Cut a data stream into consecutive chunks (Kalman OCL Sect. 4.2, App. D.2).
 
     Rows are taken in their order (or in one random order with ``shuffle``, the stationary
     CIFAR-100 protocol); every chunk has ``chunk_size`` rows except possibly the last.
@@ -376,7 +372,7 @@ class TaskStream(NamedTuple):
 def task_stream(tasks: Sequence[tuple[Any, Any] | Batch | TaskSplit], chunk_size: int = 10,
                 shuffle_within_tasks: bool = False, seed: int | np.random.Generator = 0
                 ) -> TaskStream:
-    """The task-agnostic non-stationary stream (Kalman OCL Sect. 5.2, after Lee et al. 2020).
+    """The task-agnostic non-stationary stream (Kalman OCL Sect. 4.2, after Lee et al. 2020).
 
     Tasks are concatenated in order (e.g. Split CIFAR-100: 10 tasks of 10 classes) and the
     result is cut into chunks of ``chunk_size`` rows like :func:`online_chunks`. The task
@@ -422,86 +418,6 @@ def task_stream(tasks: Sequence[tuple[Any, Any] | Batch | TaskSplit], chunk_size
     chunks = [_subset(whole, np.arange(i, min(i + b, len(whole))), None)
               for i in range(0, len(whole), b)]
     return TaskStream(chunks, starts, index)
-
-
-# -- prequential evaluation -------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PrequentialResult:
-    """Per-point results of :func:`prequential`, in stream order.
-
-    Attributes:
-        log_prob: ``log p(y_i | x_i, data before i's chunk)``, ``(N,)``.
-        correct: for categorical predictives, ``argmax p == y_i`` as bool ``(N,)``; else None.
-        sq_error: for Gaussian predictives, ``(mean_i - y_i)^2`` ``(N,)``; else None.
-        records: the dict returned by ``learner.update`` for each chunk.
-    """
-
-    log_prob: np.ndarray
-    correct: np.ndarray | None
-    sq_error: np.ndarray | None
-    records: list[dict[str, Any]]
-
-
-def prequential(learner: Any, chunks: Iterable[Batch], progress: bool | None = False
-                ) -> PrequentialResult:
-    """Prequential (predict-then-learn) evaluation over a stream (Kalman OCL Sect. 5.2).
-
-    For each chunk ``S_n``: ``p = learner.predict(S_n.x, task_id=S_n.task_id)`` *before*
-    ``learner.update(S_n)``; the per-point log predictive ``log p(y_i)``, correctness
-    (categorical) or squared error (Gaussian) are recorded. These feed the average online
-    accuracy (eq. 14 of the Kalman paper) and the cumulative log predictive.
-
-    Args:
-        learner: any object with ``predict(x, task_id=None)`` returning a
-            :class:`~ppl_cl.predictive.CategoricalPredictive` or
-            :class:`~ppl_cl.predictive.GaussianPredictive`, and ``update(batch) -> dict``.
-        chunks: the stream (e.g. :func:`online_chunks`), each with targets.
-        progress: show a progress bar (``None``: the ``PPL_CL_PROGRESS`` default).
-
-    Returns:
-        :class:`PrequentialResult`.
-    """
-    log_probs, correct, sq_errors, records = [], [], [], []
-    kind = None
-    for n, chunk in enumerate(_progress(chunks, desc="prequential", enabled=progress)):
-        if not isinstance(chunk, Batch):
-            raise TypeError(f"chunks[{n}]: expected a Batch, received {type(chunk).__name__}")
-        if chunk.y is None:
-            raise ValueError(f"chunks[{n}]: expected targets y, received None")
-        pred = learner.predict(chunk.x, task_id=chunk.task_id)
-        if isinstance(pred, CategoricalPredictive):
-            this = "categorical"
-        elif isinstance(pred, GaussianPredictive):
-            this = "gaussian"
-        else:
-            raise TypeError(f"learner.predict: expected a CategoricalPredictive or a "
-                            f"GaussianPredictive, received {type(pred).__name__}")
-        if kind is not None and this != kind:
-            raise TypeError(f"learner.predict: returned a {this} predictive at chunk {n} after "
-                            f"{kind} ones")
-        kind = this
-        if len(pred) != len(chunk):
-            raise ValueError(f"learner.predict: expected {len(chunk)} predictions for chunk {n}, "
-                             f"received {len(pred)}")
-        y = as_numpy(chunk.y)
-        log_probs.append(pred.log_prob(y))
-        if kind == "categorical":
-            correct.append(pred.predicted_class() == y)
-        else:
-            sq_errors.append((pred.mean - y.astype(np.float64)) ** 2)
-        record = learner.update(chunk)
-        records.append(record)
-
-    def cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
-        return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
-
-    return PrequentialResult(
-        log_prob=cat(log_probs, np.float64),
-        correct=cat(correct, bool) if kind == "categorical" else None,
-        sq_error=cat(sq_errors, np.float64) if kind == "gaussian" else None,
-        records=records,
-    )
 
 
 # -- validation split ---------------------------------------------------------------------------

@@ -14,46 +14,26 @@ from typing import Any
 import numpy as np
 
 from ppl_cl.batch import Batch, as_numpy
-from ppl_cl.learner import Learner
+from ppl_cl.configs.exact_gp import ExactGPConfig
+from ppl_cl.learner import Learner, check_batch
 from ppl_cl.numerics import enable_x64
 from ppl_cl.predictive import GaussianPredictive
 
-__all__ = ["ExactGP", "KERNELS"]
-
-KERNELS = ("se", "se-ard", "matern52", "matern52-ard")
+__all__ = ["ExactGP", "ExactGPConfig"]
 
 
 class ExactGP(Learner):
-    """Exact GP regression with type-II ML hyperparameters.
+    """Exact GP regression with type-II ML hyperparameters (:class:`ExactGPConfig`).
 
-    Args:
-        kernel: ``"se"`` (isotropic squared exponential), ``"se-ard"``, ``"matern52"`` or
-            ``"matern52-ard"``.
-        variance: initial kernel variance s^2.
-        lengthscale: initial lengthscale (copied to every input dimension for ARD kernels).
-        noise_variance: initial Gaussian noise variance sigma^2.
-        optimize: fit hyperparameters on every ``update`` (``False`` keeps them fixed).
-        min_noise_variance: floor on sigma^2 during optimization.
-        max_iterations: L-BFGS iterations per ``update``.
-
-    The predictive includes the observation noise unless ``predict(..., latent=True)``.
+    ``ExactGP(kernel="se")`` or ``ExactGP(ExactGPConfig(...))``. The predictive includes the
+    observation noise unless ``predict(..., latent=True)``.
     """
 
     learner_name = "exact-gp"
+    config_cls = ExactGPConfig
 
-    def __init__(self, kernel: str = "se-ard", variance: float = 1.0, lengthscale: float = 1.0,
-                 noise_variance: float = 0.1, optimize: bool = True,
-                 min_noise_variance: float = 1e-6, max_iterations: int = 1000) -> None:
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel: expected one of {KERNELS}, received {kernel!r}")
-        for name, val in (("variance", variance), ("lengthscale", lengthscale),
-                          ("noise_variance", noise_variance)):
-            if not (np.isfinite(val) and val > 0):
-                raise ValueError(f"{name}: expected a positive number, received {val}")
-        super().__init__(kernel=kernel, variance=float(variance), lengthscale=float(lengthscale),
-                         noise_variance=float(noise_variance), optimize=bool(optimize),
-                         min_noise_variance=float(min_noise_variance),
-                         max_iterations=int(max_iterations))
+    def __init__(self, config: ExactGPConfig | None = None, /, **overrides: Any) -> None:
+        super().__init__(config, **overrides)
         enable_x64()
         self._X: np.ndarray | None = None
         self._y: np.ndarray | None = None
@@ -68,11 +48,11 @@ class ExactGP(Learner):
         from models.exact_gp import GPRegressionParams
 
         c = self.config
-        ard = c["kernel"].endswith("-ard")
-        ls = jnp.full((input_dim if ard else 1,), c["lengthscale"], jnp.float64)
-        klass = kernels_jax.SquaredExponential if c["kernel"].startswith("se") else kernels_jax.Matern52
-        return GPRegressionParams(klass(jnp.asarray(c["variance"], jnp.float64), ls),
-                                  jnp.asarray(c["noise_variance"], jnp.float64))
+        ard = c.kernel.endswith("-ard")
+        ls = jnp.full((input_dim if ard else 1,), c.lengthscale, jnp.float64)
+        klass = kernels_jax.SquaredExponential if c.kernel.startswith("se") else kernels_jax.Matern52
+        return GPRegressionParams(klass(jnp.asarray(c.variance, jnp.float64), ls),
+                                  jnp.asarray(c.noise_variance, jnp.float64))
 
     def _condition(self) -> None:
         import jax.numpy as jnp
@@ -97,7 +77,7 @@ class ExactGP(Learner):
     def hyperparameters(self) -> dict[str, np.ndarray]:
         """Kernel variance, lengthscale(s) and noise variance as NumPy arrays."""
         if self._params is None:
-            raise RuntimeError("no data yet: call update() first")
+            raise self._not_fitted("hyperparameters()")
         k = self._params.kernel
         return {"variance": np.asarray(k.variance), "lengthscale": np.asarray(k.lengthscale),
                 "noise_variance": np.asarray(self._params.noise_variance)}
@@ -109,7 +89,7 @@ class ExactGP(Learner):
         from models.exact_gp import log_marginal_likelihood
 
         if self._X is None:
-            raise RuntimeError("no data yet: call update() first")
+            raise self._not_fitted("log_marginal_likelihood()")
         return float(log_marginal_likelihood(self._params, jnp.asarray(self._X), jnp.asarray(self._y)))
 
     # -- protocol ----------------------------------------------------------------------------
@@ -118,24 +98,24 @@ class ExactGP(Learner):
         import jax.numpy as jnp
 
         from inference.type2ml import fit_type2ml
-        from models.exact_gp import GPRegressionParams, log_marginal_likelihood
+        from models.exact_gp import GPRegressionParams, negative_log_marginal_likelihood
 
-        batch.validate(input_dim=self.input_dim, regression=True)
+        check_batch(batch).validate(input_dim=self.input_dim, regression=True)
         x_new = as_numpy(batch.x).astype(np.float64)
         y_new = as_numpy(batch.y).astype(np.float64)
         X = x_new if self._X is None else np.concatenate([self._X, x_new])
         y = y_new if self._y is None else np.concatenate([self._y, y_new])
         params = self._params if self._params is not None else self._initial_params(X.shape[1])
         record: dict[str, Any] = {"num_data": int(X.shape[0])}
-        if self.config["optimize"]:
+        if self.config.optimize:
             Xj, yj = jnp.asarray(X), jnp.asarray(y)
             import jax
 
             floor = GPRegressionParams(  # no floors on kernel hyperparameters, one on the noise
                 kernel=jax.tree_util.tree_map(lambda _: 0.0, params.kernel),
-                noise_variance=self.config["min_noise_variance"])
-            result = fit_type2ml(lambda p: -log_marginal_likelihood(p, Xj, yj), params,
-                                 lower_bounds=floor, max_iterations=self.config["max_iterations"])
+                noise_variance=self.config.min_noise_variance)
+            result = fit_type2ml(negative_log_marginal_likelihood, params, data=(Xj, yj),
+                                 lower_bounds=floor, max_iterations=self.config.max_iterations)
             params = result.params
             record.update(log_marginal_likelihood=-result.value,
                           iterations=result.num_iterations, converged=result.converged)
@@ -150,6 +130,7 @@ class ExactGP(Learner):
     def predict(self, x: Any, task_id: int | None = None, *, latent: bool = False,
                 full_cov: bool = False):
         """Gaussian predictive at ``x (n, d)``; ``latent=True`` excludes the noise variance.
+        Before any update it is the GP prior's at the starting hyperparameters.
 
         With ``full_cov=True`` returns ``(mean (n,), covariance (n, n))`` NumPy arrays instead.
         """
@@ -157,12 +138,18 @@ class ExactGP(Learner):
 
         from models.exact_gp import posterior_predictive
 
-        if self._posterior is None:
-            raise RuntimeError("ExactGP.predict before any update(): no data to condition on")
         xb = Batch(x).validate(input_dim=self.input_dim, require_targets=False, allow_empty=True)
-        mean, var = posterior_predictive(self._params, self._posterior,
-                                         jnp.asarray(as_numpy(xb.x), jnp.float64),
-                                         include_noise=not latent, full_cov=full_cov)
+        xj = jnp.asarray(as_numpy(xb.x), jnp.float64)
+        if self._posterior is None:          # the prior predictive at the starting values
+            params = self._initial_params(xj.shape[1])
+            K = params.kernel(xj)
+            noise = params.noise_variance * jnp.eye(xj.shape[0]) if not latent else 0.0
+            mean, var = jnp.zeros(xj.shape[0]), K + noise
+            if not full_cov:
+                var = jnp.diagonal(var)
+        else:
+            mean, var = posterior_predictive(self._params, self._posterior, xj,
+                                             include_noise=not latent, full_cov=full_cov)
         if full_cov:
             return np.asarray(mean), np.asarray(var)
         return GaussianPredictive(np.asarray(mean), np.asarray(var))
@@ -183,7 +170,7 @@ class ExactGP(Learner):
         params = self._initial_params(X.shape[1])
         if np.shape(hp["lengthscale"]) != tuple(params.kernel.lengthscale.shape):
             raise ValueError(f"lengthscale: expected shape {tuple(params.kernel.lengthscale.shape)} "
-                             f"for kernel {self.config['kernel']!r}, received {np.shape(hp['lengthscale'])}")
+                             f"for kernel {self.config.kernel!r}, received {np.shape(hp['lengthscale'])}")
         params = params._replace(
             kernel=params.kernel.__class__(jnp.asarray(hp["variance"]), jnp.asarray(hp["lengthscale"])),
             noise_variance=jnp.asarray(hp["noise_variance"]))
@@ -205,7 +192,7 @@ class ExactGP(Learner):
         from ppl_cl.inference_data import gaussian_log_likelihood, gaussian_to_inference_data
 
         if self._posterior is None:
-            raise RuntimeError("no data yet: call update() first")
+            raise self._not_fitted("to_inference_data")
         x = self._X if x is None else as_numpy(Batch(x).validate(
             input_dim=self.input_dim, require_targets=False).x)
         mean, cov = self.predict(x, latent=True, full_cov=True)

@@ -14,8 +14,6 @@ Runs in float64 (``enable_x64`` in the constructor).
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from typing import Any
 
 import numpy as np
@@ -24,16 +22,11 @@ from ppl_cl.batch import Batch, as_numpy
 from ppl_cl.configs.vips import OnlineSGPRConfig
 from ppl_cl.learner import Learner
 from ppl_cl.numerics import enable_x64
-from ppl_cl.persist import save_tree
 from ppl_cl.predictive import GaussianPredictive
 
 __all__ = ["OnlineSGPR", "NotFittedError", "make_policy", "initial_params"]
 
-try:  # the lead adds ppl_cl.errors.NotFittedError; until then a local RuntimeError subclass
-    from ppl_cl.errors import NotFittedError  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on the merge state
-    class NotFittedError(RuntimeError):
-        """``predict`` / ``to_inference_data`` before any ``update``."""
+from ppl_cl.errors import NotFittedError
 
 _RECORD_KEYS = ("m", "added", "bound", "bound_selected", "l_max", "l_noise", "threshold",
                 "iterations", "select_seconds", "fit_seconds")
@@ -87,22 +80,11 @@ class OnlineSGPR(Learner):
     learner_name = "online-sgpr"
     config_cls = OnlineSGPRConfig
 
-    def __init__(self, config: OnlineSGPRConfig | None = None, **overrides: Any) -> None:
-        if config is None:
-            config = OnlineSGPRConfig()
-        elif not isinstance(config, OnlineSGPRConfig):
-            raise TypeError(f"config: expected an OnlineSGPRConfig, received "
-                            f"{type(config).__name__}")
-        if overrides:
-            names = {f.name for f in dataclasses.fields(OnlineSGPRConfig)}
-            unknown = sorted(set(overrides) - names)
-            if unknown:
-                raise TypeError(f"OnlineSGPR: unknown setting(s) {unknown}")
-            if isinstance(overrides.get("variance_bounds"), list):
-                overrides["variance_bounds"] = tuple(overrides["variance_bounds"])
-            config = dataclasses.replace(config, **overrides)
-        super().__init__()
-        self.config = config
+    def __init__(self, config: OnlineSGPRConfig | None = None, /, **overrides: Any) -> None:
+        if isinstance(overrides.get("variance_bounds"), list):
+            overrides["variance_bounds"] = tuple(overrides["variance_bounds"])
+        super().__init__(config, **overrides)
+        config = self.config
         enable_x64()
         from inference.vips import OnlineSGPREngine
 
@@ -189,9 +171,17 @@ class OnlineSGPR(Learner):
                 full_cov: bool = False):
         """Gaussian predictive at ``x (n, d)`` (noise included unless ``latent``); with
         ``full_cov=True`` NumPy ``(mean (n,), covariance (n, n))`` of the latent f."""
-        self._check_fitted("predict")
         xb = Batch(x).validate(input_dim=self.input_dim, require_targets=False, allow_empty=True)
         xs = as_numpy(xb.x).astype(np.float64)
+        if self._state is None:      # the prior predictive at the starting hyperparameters
+            import jax.numpy as jnp
+
+            params = initial_params(self.config, xs.shape[1])
+            K = np.asarray(params.kernel(jnp.asarray(xs)))
+            if full_cov:
+                return np.zeros(xs.shape[0]), K
+            noise = 0.0 if latent else float(params.noise_variance)
+            return GaussianPredictive(np.zeros(xs.shape[0]), np.diagonal(K) + noise)
         if full_cov:
             return _predict_full(self._state, xs, self.config.jitter)
         if xs.shape[0] == 0:
@@ -240,11 +230,6 @@ class OnlineSGPR(Learner):
                                       params, TargetStats(*[f(v) for v in st["stats"]]),
                                       jnp.asarray(int(st["num_batches"]), jnp.int32))
         self._history = history
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write config + state to ``path`` (atomic; ``OnlineSGPR.load(path)`` resumes)."""
-        save_tree(path, self.state_dict(),
-                  meta={"learner": self.learner_name, "config": dataclasses.asdict(self.config)})
 
     def to_inference_data(self, x: Any = None, y: Any = None, *, num_draws: int = 500,
                           seed: int = 0):

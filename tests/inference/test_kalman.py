@@ -3,7 +3,7 @@
 of the whole state sequence (any fixed gamma sequence), dynamax's ``lgssm_filter``, NUTS on the
 NumPyro program, finite differences for the delta gradient, and K independent regressions for
 the shared-covariance classification recursion; plus the blocked recursion, the chunk
-protocol, replay memory and float32.
+protocol, the engine contract and float32.
 """
 
 from __future__ import annotations
@@ -117,14 +117,21 @@ def _dense_filter_reference(X, Y, gammas, s_w2, s2, drift_means=None):
     return np.stack(means), np.stack(covs)
 
 
-def test_fixed_gamma_sequence_equals_dense_joint_gaussian():
-    X, y = _regression_problem(n=12, m=3, seed=1)
-    gammas = np.random.default_rng(2).uniform(0.5, 1.0, size=12)
-    s_w2, s2 = 0.9, 0.3
+def _fixed_gamma_problem(n, m, seed, gamma_seed, gamma_low, s_w2, s2):
+    """A regression stream with a random fixed gamma sequence, filtered point by point."""
+    X, y = _regression_problem(n=n, m=m, seed=seed)
+    gammas = np.random.default_rng(gamma_seed).uniform(gamma_low, 1.0, size=n)
     params = _params(s_w2, s2)
     options = kf.FilterOptions(learn_forgetting=False)
-    state = kf.init(3, prior=params.prior)
+    state = kf.init(m, prior=params.prior)
     means, covs, _ = _run_states(state, X, y, params, options, gammas)
+    return X, y, gammas, params, options, state, means, covs
+
+
+def test_fixed_gamma_sequence_equals_dense_joint_gaussian():
+    s_w2, s2 = 0.9, 0.3
+    X, y, gammas, params, options, state, means, covs = _fixed_gamma_problem(12, 3, 1, 2, 0.5,
+                                                                             s_w2, s2)
     m_ref, A_ref = _dense_filter_reference(X, y[:, None], gammas, s_w2, s2)
     np.testing.assert_allclose(means, m_ref, rtol=0, atol=1e-11)
     np.testing.assert_allclose(covs, A_ref, rtol=0, atol=1e-11)
@@ -166,13 +173,9 @@ def _import_dynamax():
 
 def test_regression_filter_matches_dynamax_lgssm_filter():
     lgssm = _import_dynamax()
-    X, y = _regression_problem(n=15, m=3, seed=4)
-    gammas = np.random.default_rng(5).uniform(0.6, 1.0, size=15)
     s_w2, s2 = 0.8, 0.25
-    params = _params(s_w2, s2)
-    options = kf.FilterOptions(learn_forgetting=False)
-    state = kf.init(3, prior=params.prior)
-    means, covs, _ = _run_states(state, X, y, params, options, gammas)
+    X, y, gammas, params, options, state, means, covs = _fixed_gamma_problem(15, 3, 4, 5, 0.6,
+                                                                             s_w2, s2)
     _, info = _filter(jax.random.PRNGKey(0), state, X, y, params, options,
                         forgetting_coefficients=gammas)
     T, m = X.shape
@@ -394,8 +397,9 @@ def test_masked_points_leave_the_state_unchanged():
 
 
 def test_last_step_markov_is_one_transition_per_chunk():
-    """With a fixed gamma, "last" = the per-point filter with gamma sequence (gamma, 1, ..., 1)
-    per chunk; "always" = gamma at every point."""
+    """With a fixed gamma, "last" (App. D.2: the transition on the last point) = the per-point
+    filter with gamma sequence (1, ..., 1, gamma) per chunk; "first" = (gamma, 1, ..., 1);
+    "always" = gamma at every point."""
     rng = np.random.default_rng(16)
     b, m, K = 5, 4, 3
     X = rng.normal(size=(3 * b, m))
@@ -403,8 +407,10 @@ def test_last_step_markov_is_one_transition_per_chunk():
     params = _params(1 / m, 1 / K, classification=True)
     options = kf.FilterOptions(likelihood="softmax", learn_forgetting=False, num_samples=4)
     gamma = 0.9
-    for transition, pattern, methods in (("last", [gamma] + [1.0] * (b - 1), ("blocked", "sequential")),
-                                         ("always", [gamma] * b, ("blocked",))):
+    for transition, pattern, methods in (
+            ("last", [1.0] * (b - 1) + [gamma], ("blocked", "sequential")),
+            ("first", [gamma] + [1.0] * (b - 1), ("blocked", "sequential")),
+            ("always", [gamma] * b, ("blocked",))):
         for method in methods:
             state = kf.init(m, K, prior=params.prior, initial_forgetting=gamma)
             for c in range(3):
@@ -421,7 +427,45 @@ def test_last_step_markov_is_one_transition_per_chunk():
             np.testing.assert_allclose(np.asarray(info.steps.forgetting), pattern, rtol=1e-12)
 
 
-def test_last_step_markov_delta_step_uses_chunk_mean_log_predictive():
+def test_last_step_markov_learns_delta_on_the_last_valid_point():
+    """"last": the delta step of Algorithm 1 is taken once, at the chunk's last valid point
+    (masked points after it are skipped), with the log predictive of that point under the
+    statistics after the chunk's earlier points."""
+    rng = np.random.default_rng(24)
+    b, m, K = 6, 4, 3
+    X = rng.normal(size=(b, m))
+    labels = rng.integers(0, K, size=b)
+    mask = np.array([True, True, True, True, False, False])
+    params = _params(1 / m, 1 / K, alpha=1.5, classification=True)
+    options = kf.FilterOptions(likelihood="softmax", learning_rate=0.3, num_samples=8)
+    state = _some_state(m, K, seed=25, delta=0.2)
+    new, info = _chunk_update(jax.random.PRNGKey(5), state, X, labels, params, options,
+                              transition="last", mask=mask)
+    grads = np.asarray(info.steps.delta_gradient)
+    assert np.all(grads[[0, 1, 2, 4, 5]] == 0) and grads[3] != 0
+    np.testing.assert_allclose(float(new.delta), max(0.0, 0.2 + 0.3 * grads[3]), rtol=1e-10)
+    np.testing.assert_allclose(np.asarray(info.steps.forgetting)[:3], 1.0)
+    assert np.isnan(float(info.chunk_log_predictive))
+    # the same as the per-point scan with transitions / delta steps only at point 3
+    ref_state = state
+    for i in range(4):
+        trans = i == 3
+        ref_state, ref_info = kf._dense_point(
+            ref_state, jnp.asarray(X[i]), jax.nn.one_hot(labels[i], K), jnp.asarray(labels[i]),
+            _chunk_noise(jax.random.PRNGKey(5), b, K, options)[i], jnp.asarray(trans),
+            jnp.asarray(trans), jnp.asarray(True), jnp.asarray(jnp.nan), params, options)
+    np.testing.assert_allclose(np.asarray(new.covariance), np.asarray(ref_state.covariance),
+                               atol=1e-12)
+    np.testing.assert_allclose(float(new.delta), float(ref_state.delta), atol=1e-12)
+
+
+def _chunk_noise(key, n, K, options):
+    """The (n, S, K) draws chunk_update makes for its points (its second key)."""
+    _, key_points = jax.random.split(key)
+    return kf._noise(key_points, n, K, options, jnp.float64)
+
+
+def test_first_step_markov_delta_step_uses_chunk_mean_log_predictive():
     rng = np.random.default_rng(17)
     b, m, K = 6, 4, 3
     X = rng.normal(size=(b, m))
@@ -430,7 +474,7 @@ def test_last_step_markov_delta_step_uses_chunk_mean_log_predictive():
     options = kf.FilterOptions(likelihood="softmax", learning_rate=0.3, num_samples=8)
     state = _some_state(m, K, seed=18, delta=0.2)
     key = jax.random.PRNGKey(4)
-    new, info = _chunk_update(key, state, X, labels, params, options, transition="last")
+    new, info = _chunk_update(key, state, X, labels, params, options, transition="first")
     key_chunk, _ = jax.random.split(key)
     h = 1e-6
     f = lambda d: float(kf.mean_log_predictive(key_chunk, state, X, labels, params, options,
@@ -492,28 +536,6 @@ def test_init_rejects_bad_arguments():
                         np.ones(2), _params(), kf.FilterOptions(), transition="sometimes")
 
 
-# ---------------------------------------------------------------------------------------------
-# replay memory
-# ---------------------------------------------------------------------------------------------
-def test_replay_memory_keeps_most_recent_points_and_samples_without_replacement():
-    mem = kf.replay_init(5, 2)
-    x, y, valid = kf.replay_sample(jax.random.PRNGKey(0), mem, 3)
-    assert x.shape == (3, 2) and not bool(valid.any())
-    mem = kf.replay_add(mem, np.arange(6).reshape(3, 2), np.array([0, 1, 2]))
-    x, y, valid = kf.replay_sample(jax.random.PRNGKey(1), mem, 4)
-    assert valid.tolist() == [True, True, True, False]
-    assert sorted(np.asarray(y)[:3].tolist()) == [0, 1, 2]
-    for c in range(3):   # 3 + 9 points into 5 slots: the 5 most recent remain
-        mem = kf.replay_add(mem, np.full((3, 2), 10.0 + c), np.arange(3) + 3 * c + 3)
-    assert int(mem.size) == 5
-    assert sorted(np.asarray(mem.targets).tolist()) == [7, 8, 9, 10, 11]
-    x, y, valid = kf.replay_sample(jax.random.PRNGKey(2), mem, 5)
-    assert bool(valid.all()) and sorted(np.asarray(y).tolist()) == [7, 8, 9, 10, 11]
-    # a chunk longer than the memory keeps its own last points
-    mem = kf.replay_add(mem, np.zeros((7, 2)), np.arange(100, 107))
-    assert sorted(np.asarray(mem.targets).tolist()) == [102, 103, 104, 105, 106]
-
-
 @pytest.mark.gpu
 def test_blocked_and_sequential_filters_on_gpu_match_cpu():
     try:
@@ -538,3 +560,129 @@ def test_blocked_and_sequential_filters_on_gpu_match_cpu():
         np.testing.assert_allclose(np.asarray(gpu_state.covariance),
                                    np.asarray(cpu_state.covariance), atol=1e-10)
         np.testing.assert_allclose(float(gpu_state.delta), float(cpu_state.delta), atol=1e-10)
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine contract (inference/base.py)
+# ---------------------------------------------------------------------------------------------
+def test_kalman_filter_engine_follows_the_contract_and_equals_chunk_update():
+    from inference.base import Engine, is_state
+
+    rng = np.random.default_rng(23)
+    b, m, K = 6, 4, 3
+    X = rng.normal(size=(2 * b, m))
+    labels = rng.integers(0, K, size=2 * b)
+    params = _params(1 / m, 1 / K, alpha=1.3, classification=True)
+    options = kf.FilterOptions(likelihood="softmax", learning_rate=0.2, num_samples=8)
+    engine = kf.KalmanFilter(params, options, transition="last", block_size=4)
+    assert isinstance(engine, Engine)
+    state = engine.init(m, K, initial_forgetting=0.95)
+    assert is_state(state)
+    step = jax.jit(engine.step)
+    ref = kf.init(m, K, prior=params.prior, initial_forgetting=0.95)
+    for c in range(2):
+        key = jax.random.PRNGKey(c)
+        sl = slice(c * b, (c + 1) * b)
+        state, info = step(key, state, (X[sl], labels[sl]))
+        ref, ref_info = _chunk_update(key, ref, X[sl], labels[sl], params, options,
+                                      transition="last", block_size=4)
+        assert is_state(info)
+        for u, v in zip(state, ref):
+            np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+    assert float(state.delta) != pytest.approx(-2 * math.log(0.95))   # delta was stepped
+    with pytest.raises(ValueError, match="transition"):
+        kf.KalmanFilter(params, options, transition="sometimes")
+
+
+# ---------------------------------------------------------------------------------------------
+# zero-feature points (issue 65 item 1), eq. 12 against quadrature, float32 blocked
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("transition", kf.TRANSITIONS)
+def test_zero_feature_points_give_finite_states_and_gradients(transition):
+    """An empty replay slot (features 0, masked), a masked point and a real point whose
+    features vanish: s^2 = 0 there, and neither the recursion nor the gradients of the chunk
+    objective (in delta, alpha and the features) may be NaN."""
+    rng = np.random.default_rng(26)
+    b, m, K = 6, 5, 4
+    X = rng.normal(size=(b, m))
+    X[1] = 0.0                                   # a real point with zero features
+    X[4:] = 0.0                                  # empty replay slots
+    labels = rng.integers(0, K, size=b)
+    mask = np.array([True, True, True, True, False, False])
+    params = _params(1 / m, 1 / K, alpha=2.0, classification=True)
+    options = kf.FilterOptions(likelihood="softmax", learning_rate=0.5, num_samples=8)
+    state = kf.init(m, K, prior=params.prior)
+    new, info = _chunk_update(jax.random.PRNGKey(0), state, X, labels, params, options,
+                              transition=transition, mask=mask)
+    for leaf in jax.tree_util.tree_leaves((new, info.steps)):
+        assert bool(jnp.all(jnp.isfinite(leaf)))
+
+    def objective(delta, log_alpha, feats):
+        p = params._replace(readout=SoftmaxLikelihood(jnp.exp(log_alpha)))
+        return kf.mean_log_predictive(jax.random.PRNGKey(1), state, feats, labels, p, options,
+                                      mask, delta)
+
+    grads = jax.grad(objective, argnums=(0, 1, 2))(jnp.asarray(0.3), jnp.asarray(0.5),
+                                                   jnp.asarray(X))
+    for g in grads:
+        assert bool(jnp.all(jnp.isfinite(g)))
+    assert float(grads[0]) != 0.0 and float(grads[1]) != 0.0
+
+
+def test_eq12_log_predictive_matches_quadrature_for_two_classes():
+    """K = 2: softmax(alpha (mu + s eps))_y = sigmoid(alpha (d + s (eps_y - eps_o))) with
+    eps_y - eps_o ~ N(0, 2), so p(y) = E sigmoid(alpha z), z ~ N(d, 2 s^2): a 1-D integral
+    computed by Gauss-Hermite quadrature; the eq. 12 estimate with S draws must lie within 5
+    of its Monte Carlo standard errors (the standard deviation of the sigmoid, also by
+    quadrature, over sqrt(S))."""
+    S = 200_000
+    state = _some_state(m=3, K=2, seed=27, delta=0.4)
+    params = _params(0.5, 0.5, alpha=1.7, classification=True)
+    options = kf.FilterOptions(likelihood="softmax", num_samples=S)
+    phi = np.array([[0.8, -0.4, 1.2]])
+    lp = float(kf.log_predictive(jax.random.PRNGKey(2), state, phi, np.array([1]), params,
+                                 options)[0])
+    mu, s2 = kf.predictive_moments(state, phi, params, options)
+    d = float(mu[0, 1] - mu[0, 0])
+    sd = math.sqrt(2.0 * float(s2[0]))
+    nodes, weights = np.polynomial.hermite_e.hermegauss(120)     # probabilists' Hermite
+    weights = weights / weights.sum()
+    sig = 1.0 / (1.0 + np.exp(-1.7 * (d + sd * nodes)))
+    p_ref = float(weights @ sig)
+    se = math.sqrt(float(weights @ sig**2) - p_ref**2) / math.sqrt(S)
+    assert abs(math.exp(lp) - p_ref) < 5 * se, (math.exp(lp), p_ref, se)
+    assert 0.05 < p_ref < 0.95 and sd > 0.5          # a case where the noise matters
+
+
+def test_blocked_float32_default_block_stays_within_twice_the_scan_error():
+    """gamma = 1, s2 = 0.01, correlated ReLU features (rank 8 in m = 64): cond(A) grows to
+    ~5e3. The float32 error against the float64 filter, of the blocked recursion at its default
+    float32 block size, is at most twice the per-point scan's; at B = 64 it is not (the case
+    discriminates)."""
+    rng = np.random.default_rng(0)
+    n, m, d, K = 2048, 64, 8, 10
+    X = np.maximum(rng.normal(size=(n, d)) @ rng.normal(size=(d, m)), 0.0)
+    labels = np.random.default_rng(1).integers(0, K, size=n)
+    params = _params(1.0, 0.01, classification=True)
+    options = kf.FilterOptions(likelihood="softmax", learn_forgetting=False, num_samples=2)
+    ref, _ = _filter(jax.random.PRNGKey(0), kf.init(m, K, prior=params.prior), X, labels,
+                     params, options)
+    s32 = kf.init(m, K, prior=params.prior, dtype=jnp.float32)
+    X32 = X.astype(np.float32)
+    Xt = X[:200]
+
+    def errors(s):
+        A, M = np.asarray(s.covariance, np.float64), np.asarray(s.mean, np.float64)
+        A0, M0 = np.asarray(ref.covariance), np.asarray(ref.mean)
+        return np.array([np.abs(A - A0).max() / np.abs(A0).max(),
+                         np.abs(M - M0).max() / np.abs(M0).max(),
+                         np.abs(Xt @ (M - M0)).max() / np.abs(Xt @ M0).max()])
+
+    scan, _ = _filter(jax.random.PRNGKey(0), s32, X32, labels, params, options)
+    e_scan = errors(scan)
+    assert kf.default_block_size(m, jnp.float32) == kf.FLOAT32_BLOCK_SIZE
+    blocked, _ = _filter_blocked(jax.random.PRNGKey(0), s32, X32, labels, params, options)
+    assert np.all(errors(blocked) <= 2.0 * e_scan), (errors(blocked), e_scan)
+    wide, _ = _filter_blocked(jax.random.PRNGKey(0), s32, X32, labels, params, options,
+                              block_size=64)
+    assert np.any(errors(wide) > 2.0 * e_scan)

@@ -210,7 +210,7 @@ def test_type2ml_respects_upper_bounds():
                       upper_bounds={"v": 3.0})
     np.testing.assert_allclose(float(res.params["v"]), 3.0, rtol=1e-6)
     res = fit_type2ml(lambda q, t: (jnp.log(q["v"]) - jnp.log(t)) ** 2, {"v": jnp.asarray(1.0)},
-                      args=(target,))
+                      data=(target,))
     np.testing.assert_allclose(float(res.params["v"]), 10.0, rtol=1e-4)
 
 

@@ -1,6 +1,7 @@
 """The NumPyro programs of the drift model (models/kalman.py): densities written out by hand,
 the prior's variance preservation and covariance (Monte Carlo within k standard errors), the
-gamma = 1 limit, the App. C variant, and the representation networks."""
+gamma = 1 limit and the App. C variant (the representation networks:
+tests/models/test_feature_networks.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from numpyro import handlers
 from numpyro.infer import Predictive
 from numpyro.infer.util import log_density
 
-from models.kalman import (FEATURE_NETWORKS, DriftPrior, GaussianLikelihood, SoftmaxLikelihood,
+from models.kalman import (DriftPrior, GaussianLikelihood, SoftmaxLikelihood,
                            SurrogateLikelihood, delta_from_forgetting,
                            drift_classification_model, drift_regression_model,
-                           drift_surrogate_model, feature_network, forgetting_from_delta)
+                           drift_surrogate_model, forgetting_from_delta)
 
 
 def _trace(model, *args, seed=0, **kwargs):
@@ -127,36 +128,9 @@ def test_mean_preserving_transition_mean():
 
 
 def test_delta_parametrization():
+    """gamma = exp(-delta / 2) (Sect. 2.1.1) and its inverse, at values computed by hand."""
     gamma = jnp.asarray([1.0, 0.999, 0.5])
-    np.testing.assert_allclose(np.asarray(forgetting_from_delta(delta_from_forgetting(gamma))),
-                               np.asarray(gamma), rtol=1e-12)
-    assert float(forgetting_from_delta(0.0)) == 1.0
-
-
-@pytest.mark.parametrize("name, kwargs, d", [
-    ("identity", {}, 12),
-    ("mlp", {"feature_dim": 5, "hidden": (7,)}, 12),
-    ("cnn", {"feature_dim": 6, "input_shape": (8, 8, 1), "channels": (4, 4)}, 64),
-    ("resnet18", {"feature_dim": 6, "input_shape": (8, 8, 3), "width": 4}, 192),
-])
-def test_feature_networks_shapes_and_determinism(name, kwargs, d):
-    net = feature_network(name, input_dim=d, dtype=jnp.float64, **kwargs)
-    theta = net.init(jax.random.PRNGKey(0))
-    x = jnp.asarray(np.random.default_rng(4).uniform(size=(3, d)))
-    phi = net.apply(theta, x)
-    assert phi.shape == (3, net.feature_dim)
-    assert bool(jnp.all(jnp.isfinite(phi)))
-    again = net.apply(net.init(jax.random.PRNGKey(0)), x)
-    np.testing.assert_array_equal(np.asarray(phi), np.asarray(again))
-    if name == "identity":
-        np.testing.assert_array_equal(np.asarray(phi), np.asarray(x))
-
-
-def test_feature_network_rejects_bad_configurations():
-    assert "mlp" in FEATURE_NETWORKS
-    with pytest.raises(ValueError, match="feature network"):
-        feature_network("transformer", input_dim=4, feature_dim=2)
-    with pytest.raises(ValueError, match="feature_dim"):
-        feature_network("mlp", input_dim=4)
-    with pytest.raises(ValueError, match="input_shape"):
-        feature_network("cnn", input_dim=10, feature_dim=2, input_shape=(3, 3, 1))
+    np.testing.assert_allclose(np.asarray(delta_from_forgetting(gamma)),
+                               [0.0, -2 * math.log(0.999), 2 * math.log(2.0)], rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(forgetting_from_delta(jnp.asarray([0.0, 1.0, 4.0]))),
+                               [1.0, math.exp(-0.5), math.exp(-2.0)], rtol=1e-12)

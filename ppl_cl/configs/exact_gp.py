@@ -1,0 +1,40 @@
+"""Settings of :class:`ppl_cl.learners.exact_gp.ExactGP`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ppl_cl.configs import check_choices, check_ints, check_positive
+
+__all__ = ["ExactGPConfig"]
+
+
+@dataclass(frozen=True)
+class ExactGPConfig:
+    """Exact GP regression with type-II ML hyperparameters.
+
+    Attributes:
+        kernel: ``"se"`` (isotropic squared exponential; the VIPS reference's UCI kernel),
+            ``"se-ard"``, ``"matern52"`` or ``"matern52-ard"``.
+        variance, lengthscale, noise_variance: the starting hyperparameters (VIPS UCI protocol,
+            guiomarpescador/vips ``experiments/uci/utils_uci.py``: 1, 1, 0.1); an ARD kernel
+            copies the lengthscale to every input dimension.
+        optimize: fit the hyperparameters on every ``update`` (``False`` keeps them fixed).
+        min_noise_variance: floor on the noise variance during the fit (GPflow's 1e-6).
+        max_iterations: L-BFGS iterations per ``update``.
+    """
+
+    kernel: Literal["se", "se-ard", "matern52", "matern52-ard"] = "se-ard"
+    variance: float = 1.0
+    lengthscale: float = 1.0
+    noise_variance: float = 0.1
+    optimize: bool = True
+    min_noise_variance: float = 1e-6
+    max_iterations: int = 1000
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        check_positive(self, "variance", "lengthscale", "noise_variance")
+        check_positive(self, "min_noise_variance", allow_zero=True)
+        check_ints(self, "max_iterations")
