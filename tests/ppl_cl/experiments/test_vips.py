@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from ppl_cl.experiments import build_config, registry
+from ppl_cl.experiments import registry
+from ppl_cl.experiments.base import build_config
 
 
 def test_registered_with_stable_names_and_paper_numbers():
