@@ -57,9 +57,12 @@ GAMMA, SEED = 0.999, 0
 def stream(m: int, K: int, n: int, dtype: str):
     """Features ``(n, m)``, targets (regression ``(n,)`` reals; classification ``(n,)``
     labels), s_w2 = 1/m and s2 (1 regression, 1/K classification)."""
-    rng = np.random.default_rng(1000 * m + K)
-    X = (rng.normal(size=(n, m)) / math.sqrt(m)).astype(dtype)
-    Y = rng.normal(size=n).astype(dtype) if K == 1 else rng.integers(0, K, size=n).astype(np.int32)
+    # features and targets from two generators, so that the first n' points of a stream of n
+    # are the stream of n' (the peers run shorter prefixes)
+    rng_x, rng_y = (np.random.default_rng([1000 * m + K, i]) for i in (0, 1))
+    X = (rng_x.normal(size=(n, m)) / math.sqrt(m)).astype(dtype)
+    Y = rng_y.normal(size=n).astype(dtype) if K == 1 else \
+        rng_y.integers(0, K, size=n).astype(np.int32)
     return X, Y, 1.0 / m, (1.0 if K == 1 else 1.0 / K)
 
 

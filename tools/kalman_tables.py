@@ -27,8 +27,12 @@ def _cell(s: dict, stream: str, row: str) -> str:
 
 
 def _steps(s: dict, stream: str, row: str) -> str:
-    keys = (("learning_rate", "eta"), ("backbone_scale", "beta"),
-            ("forgetting_learning_rate", "rho"))
+    """The searched step sizes of a row (beta only where fine-tuned, rho only where learned)."""
+    keys = [("learning_rate", "eta")]
+    if not row.endswith("linear") and not row.startswith("sgd"):
+        keys.append(("backbone_scale", "beta"))
+    if row.startswith("learned"):
+        keys.append(("forgetting_learning_rate", "rho"))
     got = [f"{name} {s[f'{k}_{stream}_{row}']:g}" for k, name in keys
            if f"{k}_{stream}_{row}" in s]
     return ", ".join(got)
