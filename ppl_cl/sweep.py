@@ -351,7 +351,8 @@ def execute(task: dict[str, Any], processes: _Processes | None = None) -> dict[s
         start = fh.tell()
         proc = processes.popen(argv, stdout=fh, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, env=env,
-                               preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+                               preexec_fn=functools.partial(_die_with_parent, os.getpid(),
+                                                            _prctl()))
         try:
             returncode = proc.wait()
         except BaseException:           # a Ray task cancelled, Ctrl-C: end the run, then go
@@ -372,18 +373,28 @@ def execute(task: dict[str, Any], processes: _Processes | None = None) -> dict[s
             "wall_time_s": time.perf_counter() - t0, "host": os.uname().nodename}
 
 
-def _die_with_parent(parent: int) -> None:
-    """In a run's process, between fork and exec: ask Linux to send SIGTERM when the sweep's
-    process ``parent`` that started it dies, and stop at once if it is already gone."""
+@functools.lru_cache(maxsize=1)
+def _prctl():
+    """libc's ``prctl``, looked up here in the sweep's process, never between fork and exec
+    (an import or ``dlopen`` there could deadlock on a lock another thread held at the fork);
+    None off Linux."""
     if not sys.platform.startswith("linux"):
-        return
+        return None
     import ctypes
 
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGTERM))          # PR_SET_PDEATHSIG
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # pragma: no cover
+        return None
+
+
+def _die_with_parent(parent: int, prctl) -> None:
+    """In a run's process, between fork and exec: ask Linux to send SIGTERM when the sweep's
+    process ``parent`` that started it dies, and stop at once if it is already gone. Only the
+    foreign call and ``getppid``: no import, no lookup (see :func:`_prctl`)."""
+    if prctl is None:
         return
+    prctl(1, int(signal.SIGTERM))          # PR_SET_PDEATHSIG
     if os.getppid() != parent:
         os._exit(128 + signal.SIGTERM)
 
