@@ -1,4 +1,4 @@
-"""Speed of VAR-GP (issue 3, item 8): seconds per ELBO step and per epoch at Split MNIST
+"""Speed of VAR-GP: seconds per ELBO step and per epoch at Split MNIST
 settings, beside a plain sparse variational GP of the same total number of inducing points
 written with Pyro's ``pyro.contrib.gp.models.VariationalSparseGP``, measured in the same run.
 
@@ -44,7 +44,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 K, D, B, M_PER_TASK, N_TASK = 10, 784, 512, 60, 10_000
-VALIDATE_ARGS = "first"   # SVIConfig.validate_args of the timed engines (--validate-args)
+VALIDATE_ARGS = "first"   # SVI(validate_args=...) of the timed engines (--validate-args)
 
 
 def _sync(device: torch.device) -> None:
@@ -84,11 +84,6 @@ def machine_info() -> dict:
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
-def subnormal(t: torch.Tensor) -> torch.Tensor:
-    """Mask of the subnormal entries of a floating tensor (nonzero, below its dtype's ``tiny``)."""
-    return (t != 0) & (t.abs() < torch.finfo(t.dtype).tiny)
-
-
 def write_json(path, obj) -> None:
     """Write a benchmark's JSON atomically (parent folders created) and say where."""
     sys.path.insert(0, str(REPO))
@@ -115,63 +110,54 @@ def _time_steps(step, device, steps: int, warmup: int = 2) -> float:
 
 def vargp_engine(x, y, num_tasks: int, m_per_task: int, *, num_theta_samples: int,
                  num_f_samples: int, per_class_inputs: bool, seed: int = 0,
-                 hyperparameters: str = "variational", theta: torch.Tensor | None = None,
-                 edit_past_inputs=None):
-    """A VAR-GP model at task ``num_tasks`` (earlier tasks frozen at their initial values).
+                 hyperparameters: str = "variational"):
+    """A VAR-GP program at task ``num_tasks`` (earlier tasks frozen at the authors' initial
+    values: ``models.vargp.init_inducing_set`` and ``initial_hyperparameters``) and its SVI
+    engine."""
+    import math as _math
 
-    ``theta``: the point (``hyperparameters="point"``) or the mean of q(theta) (default: the
-    median heuristic); ``edit_past_inputs``: a function applied to each earlier task's inducing
-    inputs before its frozen posterior is formed (e.g. to place them where a trained run had
-    them)."""
-    from inference.svi import ContinualSVI, SVIConfig
-    from models.vargp import (MAX_PLATE_NESTING, HyperPosterior, SoftmaxLikelihood,
-                              VARGPModel, init_inducing_set, median_heuristic_theta,
-                              prior_conditional_scale_tril)
+    from inference.svi import SVI
+    from inference.yogi import YogiConfig
+    from models.vargp import (MAX_PLATE_NESTING, SoftmaxLikelihood, VARGPModel,
+                              init_inducing_set, initial_hyperparameters)
 
     g = torch.Generator().manual_seed(seed)
-    theta0 = median_heuristic_theta(x[:1000], 1, generator=g) if theta is None else theta
-    past = []
-    for _ in range(num_tasks - 1):
-        s = init_inducing_set(x, K, m_per_task, per_class_inputs=per_class_inputs, generator=g)
-        if edit_past_inputs is not None:
-            s = s._replace(inducing_inputs=edit_past_inputs(s.inducing_inputs))
-        s = s._replace(scale_tril=prior_conditional_scale_tril(theta0, past, s.inducing_inputs,
-                                                               K, 1e-5))
-        past.append(s)
-    init = init_inducing_set(x, K, m_per_task, per_class_inputs=per_class_inputs, generator=g)
-    init = init._replace(scale_tril=prior_conditional_scale_tril(theta0, past,
-                                                                 init.inducing_inputs, K, 1e-5))
+    scale = _math.log1p(_math.e)
+    past = [init_inducing_set(x, K, m_per_task, per_class_inputs=per_class_inputs, generator=g,
+                              mean_std=0.5, scale=scale) for _ in range(num_tasks - 1)]
+    init = init_inducing_set(x, K, m_per_task, per_class_inputs=per_class_inputs, generator=g,
+                             mean_std=0.5, scale=scale)
     point = hyperparameters == "point"
-    hyper = HyperPosterior(theta0, 0.1 * torch.ones_like(theta0))
+    hyper = initial_hyperparameters(x.shape[1] + 1, point=point, generator=g, dtype=x.dtype,
+                                    device=x.device)
     program = VARGPModel(num_classes=K, past=past, init=init,
-                         hyper_prior=None if point else hyper,
-                         hyper_init=theta0 if point else hyper, hyperparameters=hyperparameters,
-                         beta=10.0, num_theta_samples=num_theta_samples,
-                         likelihood=SoftmaxLikelihood(num_f_samples), jitter=1e-5)
-    return ContinualSVI(program.model, program.guide,
-                        SVIConfig(learning_rate=3e-3, batch_size=B, max_epochs=1,
-                                  max_plate_nesting=MAX_PLATE_NESTING, seed=seed,
-                                  validate_args=VALIDATE_ARGS))
+                         hyper_prior=None if point else hyper, hyper_init=hyper, beta=10.0,
+                         num_theta_samples=num_theta_samples,
+                         likelihood=SoftmaxLikelihood(num_f_samples), jitter=1e-4)
+    return SVI(program.model, program.guide, YogiConfig(learning_rate=3e-3),
+               model_kwargs={"num_data": N_TASK}, max_plate_nesting=MAX_PLATE_NESTING,
+               validate_args=VALIDATE_ARGS, device=x.device)
 
 
 def time_vargp(x, y, device, steps: int, **kwargs) -> float:
-    import pyro
-
     engine = vargp_engine(x, y, **kwargs)
     xb, yb = x[:B], y[:B]
-    with pyro.get_param_store().scope():
-        state = [engine.init(xb, yb, num_data=N_TASK)]
+    state = [engine.init(0, xb, yb)]
 
-        def step():   # carries the state: the step count decides Pyro's checks (validate_args)
-            state[0] = engine.step(state[0], xb, yb, num_data=N_TASK)[0]
+    def step():   # carries the state: the step count decides Pyro's checks (validate_args)
+        state[0] = engine.step(None, state[0], (xb, yb))[0]
 
-        return _time_steps(step, device, steps)
+    return _time_steps(step, device, steps)
 
 
 def epoch_vargp(x, y, **kwargs) -> float:
-    """Seconds for one real epoch over N_TASK rows (engine.fit, max_epochs=1)."""
+    """Seconds for one real epoch over N_TASK rows (the run loop, max_epochs=1)."""
+    from inference.loop import LoopConfig, run_loop
+
     engine = vargp_engine(x, y, **kwargs)
-    res = engine.fit((x[:N_TASK], y[:N_TASK]))
+    state = engine.init(0, x[:B], y[:B])
+    res = run_loop(engine, state, (x[:N_TASK], y[:N_TASK]), LoopConfig(batch_size=B,
+                                                                       max_epochs=1))
     return res.seconds_per_epoch
 
 
@@ -181,8 +167,6 @@ def time_pyro_svgp(x, y, device, steps: int, num_inducing: int) -> float:
     import pyro
     import pyro.contrib.gp as gp
     from pyro.infer import TraceMeanField_ELBO
-
-    from inference.yogi import Yogi
 
     xb, yb = x[:B], y[:B]
     g = torch.Generator().manual_seed(0)
@@ -194,11 +178,11 @@ def time_pyro_svgp(x, y, device, steps: int, num_inducing: int) -> float:
         model = gp.models.VariationalSparseGP(xb, yb, kernel, Xu=Xu, likelihood=likelihood,
                                               latent_shape=torch.Size([K]), num_data=N_TASK,
                                               whiten=False, jitter=1e-5).to(device)
-        opt = Yogi(model.parameters(), lr=3e-3)
+        opt = torch.optim.Adam(model.parameters(), lr=3e-3)   # elementwise, as Yogi
         elbo = TraceMeanField_ELBO()
 
         def step():
-            # as ContinualSVI after its first step: distribution-argument checks only under
+            # as the SVI engine after its first step: distribution-argument checks only under
             # --validate-args always (each reads a flag back from the device)
             with pyro.validation_enabled(VALIDATE_ARGS == "always"):
                 opt.zero_grad()

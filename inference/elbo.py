@@ -18,7 +18,7 @@
   ``q(u_<t | theta)`` of eqs. 6-7 in Kapoor et al. 2021, identical in model and guide); without
   this their cost would grow with the number of tasks for terms that are exactly zero.
 
-Whenever Pyro's validation is enabled (``pyro.validation_enabled()``; :class:`ContinualSVI`
+Whenever Pyro's validation is enabled (``pyro.validation_enabled()``; :class:`inference.svi.SVI`
 enables it on the first step of a fit) the reference path of ``TraceMeanField_ELBO`` runs
 unchanged, with all of Pyro's model/guide checks, and every ``shared_factor`` site is checked:
 a model distribution that differs from the guide's raises ``ValueError``. Guides written as

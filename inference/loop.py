@@ -49,15 +49,23 @@ class Plateau(NamedTuple):
     patience: int = 200
     tolerance: float = 1e-4
 
+    def improves(self, value: float, best: float | None) -> bool:
+        return best is None or value > best
+
     def stop(self, history: Sequence[float], best_index: int) -> bool:
         return plateau_reached(history, self.patience, self.tolerance)
 
 
 class NoImprovement(NamedTuple):
-    """Stop after ``patience`` validations in a row without a new best (the ``EarlyStopper``
-    of uber-research/vargp, ``var_gp/train_utils.py``: patience 20 checks)."""
+    """Stop after ``patience`` validations in a row without a new best, a new best being at
+    least ``min_delta`` above the last one (the ``EarlyStopper`` of uber-research/vargp,
+    ``var_gp/train_utils.py``: patience 20 checks, delta 1e-4)."""
 
     patience: int = 20
+    min_delta: float = 0.0
+
+    def improves(self, value: float, best: float | None) -> bool:
+        return best is None or value >= best + self.min_delta
 
     def stop(self, history: Sequence[float], best_index: int) -> bool:
         return len(history) - 1 - best_index >= self.patience
@@ -289,7 +297,9 @@ def run_loop(engine: Engine, state: Any, data: Sequence[Any], config: LoopConfig
             validation.append((epoch, value))
             history.append(value)
             postfix["val"] = f"{value:.4f}"
-            if best_value is None or value > best_value:
+            better = (c.stopping.improves(value, best_value) if c.stopping is not None
+                      else best_value is None or value > best_value)
+            if better:
                 best_value, best_epoch, best_index = value, epoch, len(history) - 1
                 if c.keep == "best":
                     best = engine_state

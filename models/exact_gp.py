@@ -35,7 +35,7 @@ from models.kernels_jax import Kernel
 from models.linalg_jax import jitter_cholesky
 
 __all__ = ["GPRegressionParams", "gp_regression_model", "log_marginal_likelihood",
-           "posterior_predictive", "GPPosterior", "condition"]
+           "negative_log_marginal_likelihood", "posterior_predictive", "GPPosterior", "condition"]
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -88,6 +88,11 @@ def log_marginal_likelihood(params: GPRegressionParams, X: Array, y: Array) -> A
     n = X.shape[0]
     return (-0.5 * jnp.dot(y, post.alpha) - jnp.sum(jnp.log(jnp.diagonal(post.L)))
             - 0.5 * n * _LOG_2PI)
+
+
+def negative_log_marginal_likelihood(params: GPRegressionParams, X: Array, y: Array) -> Array:
+    """``-log p(y | X, params)``: the type-II ML objective (R&W eq. 5.8)."""
+    return -log_marginal_likelihood(params, X, y)
 
 
 def posterior_predictive(params: GPRegressionParams, post: GPPosterior, X_star: Array, *,

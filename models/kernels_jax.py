@@ -20,6 +20,8 @@ import jax.numpy as jnp
 from jax import Array
 from jax.tree_util import register_pytree_node_class
 
+from models.kernel_algebra import KernelAlgebra
+
 __all__ = ["Kernel", "SquaredExponential", "Matern52", "Linear", "Cosine", "Constant",
            "Normalized", "Sum", "Product", "Scale", "squared_distance"]
 
@@ -48,8 +50,9 @@ def _unit(X: Array) -> Array:
     return X / jnp.maximum(jnp.linalg.norm(X, axis=-1, keepdims=True), 1e-12)
 
 
-class Kernel:
-    """Base class. Subclasses list their hyperparameters / sub-kernels in ``_fields``."""
+class Kernel(KernelAlgebra):
+    """Base class (a pytree). Subclasses list their hyperparameters / sub-kernels in
+    ``_fields``."""
 
     _fields: tuple[str, ...] = ()
 
@@ -67,20 +70,6 @@ class Kernel:
         args = ", ".join(f"{f}={getattr(self, f)!r}" for f in self._fields)
         return f"{type(self).__name__}({args})"
 
-    def __call__(self, X1: Array, X2: Array | None = None) -> Array:
-        raise NotImplementedError
-
-    def diag(self, X: Array) -> Array:
-        """``k(x_i, x_i)`` as ``(..., n)`` without forming the Gram matrix."""
-        raise NotImplementedError
-
-    def __add__(self, other: "Kernel") -> "Sum":
-        return Sum(self, other)
-
-    def __mul__(self, other) -> "Kernel":
-        return Product(self, other) if isinstance(other, Kernel) else Scale(self, other)
-
-    __rmul__ = __mul__
 
 
 class _Stationary(Kernel):
@@ -237,3 +226,6 @@ class Scale(Kernel):
 
     def diag(self, X: Array) -> Array:
         return _row_scalar(self.scale) * self.base.diag(X)
+
+
+Kernel.bind(Sum, Product, Scale)

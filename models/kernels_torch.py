@@ -24,6 +24,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from models.kernel_algebra import KernelAlgebra
+
 __all__ = ["Kernel", "SquaredExponential", "Matern52", "Linear", "Cosine", "Constant",
            "Normalized", "Sum", "Product", "Scale", "squared_distance", "cat_rows"]
 
@@ -162,23 +164,8 @@ def _weighted_sq_dist(X1: Tensor | Sequence[Tensor], X2: Tensor, w: Tensor) -> T
     return (cat_rows(parts) + n2).clamp_min(0.0)
 
 
-class Kernel:
+class Kernel(KernelAlgebra):
     """Base class: ``k(X1, X2=None)`` gives the Gram matrix (``X2=None`` means ``X1``)."""
-
-    def __call__(self, X1: Tensor, X2: Tensor | None = None) -> Tensor:
-        raise NotImplementedError
-
-    def diag(self, X: Tensor) -> Tensor:
-        """``k(x_i, x_i)`` as ``(..., n)`` without forming the Gram matrix."""
-        raise NotImplementedError
-
-    def __add__(self, other: "Kernel") -> "Sum":
-        return Sum(self, other)
-
-    def __mul__(self, other) -> "Kernel":
-        return Product(self, other) if isinstance(other, Kernel) else Scale(self, other)
-
-    __rmul__ = __mul__
 
 
 class _Stationary(Kernel):
@@ -353,3 +340,6 @@ class Scale(Kernel):
 
     def diag(self, X: Tensor) -> Tensor:
         return _per_row(self.scale) * self.base.diag(X)
+
+
+Kernel.bind(Sum, Product, Scale)

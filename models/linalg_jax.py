@@ -15,12 +15,13 @@ Two regimes, one function:
 
 from __future__ import annotations
 
-import warnings
 from functools import partial
 
 import jax
 import jax.numpy as jnp
 from jax import Array
+
+from models.jitter import escalate, schedule
 
 __all__ = ["CholeskyError", "JitterWarning", "jitter_cholesky", "default_jitter", "symmetrize"]
 
@@ -87,21 +88,16 @@ def jitter_cholesky(A: Array, *, name: str = "matrix", jitter: float | None = No
     scale = jnp.maximum(jnp.mean(jnp.abs(jnp.diagonal(A, axis1=-2, axis2=-1))),
                         jnp.finfo(A.dtype).tiny)
     eye = jnp.eye(A.shape[-1], dtype=A.dtype)
-    jitters = [base * factor**k for k in range(max_tries)]
+    jitters = schedule(base, factor, max_tries)
 
     if isinstance(A, jax.core.Tracer):
         return _escalating_cholesky(A, tuple(jitters))
 
-    L = jnp.linalg.cholesky(A)
-    if bool(_ok(L)):
-        return L
-    for j in jitters:
-        L = jnp.linalg.cholesky(A + (j * scale) * eye)
-        if bool(_ok(L)):
-            if warn:
-                warnings.warn(f"cholesky of {name} {tuple(A.shape)} needed jitter {j:.1e} x mean "
-                              f"diagonal ({float(scale):.3g})", JitterWarning, stacklevel=2)
-            return L
-    raise CholeskyError(f"cholesky of {name} {tuple(A.shape)} failed: not positive definite even "
-                        f"with jitter {jitters[-1]:.1e} x mean diagonal ({float(scale):.3g}) after "
-                        f"{max_tries} tries")
+    def factorize(M: Array) -> tuple[Array, bool]:
+        L = jnp.linalg.cholesky(M)
+        return L, bool(_ok(L))
+
+    return escalate(A, factorize=factorize, shifted=lambda j: A + (j * scale) * eye, base=base,
+                    factor=factor, max_tries=max_tries, name=f"{name} {tuple(A.shape)}",
+                    scale=float(scale), warning=JitterWarning if warn else None,
+                    error=CholeskyError)

@@ -6,10 +6,10 @@ No explicit inverses anywhere in the project: factor with :func:`jitter_cholesky
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import Tensor
+
+from models.jitter import escalate
 
 __all__ = ["CholeskyError", "JitterWarning", "jitter_cholesky", "default_jitter", "symmetrize"]
 
@@ -43,21 +43,15 @@ def jitter_cholesky(A: Tensor, *, name: str = "matrix", jitter: float | None = N
     Raises:
         CholeskyError: naming ``name``, its shape and the last jitter tried.
     """
-    L, info = torch.linalg.cholesky_ex(A)
-    if not bool((info > 0).any()):
-        return L
     base = default_jitter(A.dtype) if jitter is None else jitter
     scale = A.diagonal(dim1=-2, dim2=-1).abs().mean().clamp_min(torch.finfo(A.dtype).tiny)
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
-    j = base
-    for k in range(max_tries):
-        j = base * factor**k
-        L, info = torch.linalg.cholesky_ex(A + (j * scale) * eye)
-        if not bool((info > 0).any()):
-            if warn:
-                warnings.warn(f"cholesky of {name} {tuple(A.shape)} needed jitter {j:.1e} x mean "
-                              f"diagonal ({float(scale):.3g})", JitterWarning, stacklevel=2)
-            return L
-    raise CholeskyError(f"cholesky of {name} {tuple(A.shape)} failed: not positive definite even "
-                        f"with jitter {j:.1e} x mean diagonal ({float(scale):.3g}) after "
-                        f"{max_tries} tries")
+
+    def factorize(M: Tensor) -> tuple[Tensor, bool]:
+        L, info = torch.linalg.cholesky_ex(M)
+        return L, not bool((info > 0).any())
+
+    return escalate(A, factorize=factorize, shifted=lambda j: A + (j * scale) * eye, base=base,
+                    factor=factor, max_tries=max_tries, name=f"{name} {tuple(A.shape)}",
+                    scale=float(scale.detach()), warning=JitterWarning if warn else None,
+                    error=CholeskyError)

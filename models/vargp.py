@@ -41,11 +41,8 @@ Ablations (Sect. 5.3, App. B.1) are options of the same program:
 * ``guide="global"`` — one set of inducing points at a time (App. B.1, eq. 16): the model draws
   ``u_t ~ p(u_t | theta)`` and adds the factor ``previous_posterior`` =
   ``E_{p(u_{t-1} | u_t, theta)}[log q(u_{t-1}) - log p(u_{t-1} | theta)]``;
-* ``hyperparameters="point"`` — the "MLE hypers" ablation: ``theta`` is a ``pyro.param`` of the
-  model (no KL term for it in eq. 5 or eq. 8), carried over from task to task;
-* ``hyperparameters="fixed"`` — a diagnostic, not a row of Table 1: ``theta`` is a constant (its
-  initial value) that no task trains, which isolates the forgetting caused by moving
-  hyperparameters (the paper's remark (ii) in Sect. 4.3: old ``q(u_j)`` change through ``theta``).
+* hyperparameters given as :class:`PointHyperparameters` — the "MLE hypers" ablation:
+  ``theta`` is a ``pyro.param`` of the model (no KL term for it in eq. 5 or eq. 8).
 
 Print the program with ``pyro.poutine.trace(m.model).get_trace(x, y).format_shapes()``.
 """
@@ -62,21 +59,21 @@ from pyro import poutine
 from pyro.distributions import constraints
 from torch import Tensor
 
-from models.kernels_torch import squared_distance
-from models.linalg_torch import jitter_cholesky
-from models.vargp_math import (HyperPosterior, InducingSet, autoregressive_joint,
-                               concat_inducing_inputs,
-                               conditional_prior_mean, f_marginals, previous_posterior_term,
-                               prior_cholesky, task_slices, whitened_posterior)
+from models.vargp_math import (HyperPosterior, Hyperparameters, InducingSet,
+                               PointHyperparameters, concat_inducing_inputs,
+                               conditional_prior_mean, f_marginals, kernel_theta,
+                               previous_posterior_term, prior_cholesky, sample_f, task_slices,
+                               whitened_posterior)
 
 __all__ = ["VARGPModel", "SoftmaxLikelihood", "GaussianLikelihood", "GUIDES",
-           "HYPERPARAMETER_MODES", "init_inducing_set", "standard_hyper_prior",
-           "predictive_probabilities", "f_marginals_of_state", "posterior_factors", "prior_conditional_scale_tril",
-           "median_heuristic_theta", "carry_forward_global_set",
-           "InducingSet", "HyperPosterior"]
+           "init_inducing_set", "standard_hyper_prior", "initial_hyperparameters",
+           "predictive_probabilities", "f_marginals_of_state", "posterior_factors",
+           "task_program", "InducingSet", "HyperPosterior", "PointHyperparameters",
+           "Hyperparameters"]
 
-GUIDES = ("autoregressive", "block_diagonal", "global")
-HYPERPARAMETER_MODES = ("variational", "point", "fixed")
+#: the guide structures: VAR-GP, Block Diag. as the authors' code (only the KL of u_t drops
+#: A_t) and as the text reads (block diagonal in the guide and the prediction), Global
+GUIDES = ("autoregressive", "block_diagonal", "block_diagonal_joint", "global")
 MAX_PLATE_NESTING = 3  # theta_samples (-3), f_samples (-2), classes / data (-1)
 
 
@@ -101,9 +98,7 @@ class SoftmaxLikelihood:
 
     def __call__(self, f_loc: Tensor, f_var: Tensor, y: Tensor | None) -> Tensor:
         S_f = self.num_f_samples
-        eps = torch.randn(f_loc.shape[0], S_f, *f_loc.shape[2:], dtype=f_loc.dtype,
-                          device=f_loc.device)
-        f = f_loc + f_var.sqrt() * eps                                  # (S, S_f, B, K)
+        f = sample_f(f_loc, f_var, S_f)                                 # (S, S_f, B, K)
         with pyro.plate("f_samples", S_f, dim=-2), poutine.scale(scale=1.0 / S_f):
             return pyro.sample("y", dist.Categorical(logits=f), obs=y)
 
@@ -141,52 +136,19 @@ def standard_hyper_prior(num_hyper_sets: int, num_lengthscales: int, dtype=torch
                           torch.ones(shape, dtype=dtype, device=device))
 
 
-def median_heuristic_theta(x: Tensor, num_hyper_sets: int = 1, max_points: int = 1000,
-                           generator: torch.Generator | None = None, ard: bool = True) -> Tensor:
-    """A starting point for ``q_1(theta)``'s mean: ``log gamma = 0`` and every log-lengthscale
-    ``log l_d = log median_{i<j} ||x_i - x_j||`` (the median heuristic), so that typical scaled
-    squared distances are about 1.
-
-    Why not the prior mean (``l = 1``): on 784-pixel MNIST images ``||x - x'||^2`` is 30-100, so
-    at ``l = 1`` every kernel value is ``e^-15 .. e^-50``; the gradients with respect to the
-    lengthscales vanish with them and nothing is learned (measured: 27 % on digits 0/1 after 10
-    epochs, predictive entropy 0.998 log 10). The paper does not state where q(theta) starts;
-    the prior N(0, I) is unchanged.
-
-    Args:
-        x: the first task's inputs ``(N, D)`` (a random subset of ``max_points`` rows is used).
-        ard: one log-lengthscale per feature (``D``) or a single one (isotropic).
-
-    Returns:
-        ``(num_hyper_sets, D + 1)``, or ``(num_hyper_sets, 2)`` when not ``ard``.
-    """
-    N, D = x.shape
-    if N > max_points:
-        x = x[torch.randperm(N, generator=generator)[:max_points].to(x.device)]
-    d2 = squared_distance(x, x)
-    iu = torch.triu_indices(x.shape[0], x.shape[0], offset=1, device=x.device)
-    pairs = d2[iu[0], iu[1]]
-    med = pairs.median().sqrt() if pairs.numel() else torch.ones((), dtype=x.dtype,
-                                                                   device=x.device)
-    med = med.clamp_min(torch.finfo(x.dtype).eps) if bool(med > 0) else torch.ones(
-        (), dtype=x.dtype, device=x.device)
-    width = D if ard else 1
-    theta = torch.cat([torch.zeros(1, dtype=x.dtype, device=x.device),
-                       med.log().expand(width).to(x.dtype)])
-    return theta.expand(num_hyper_sets, width + 1).clone()
-
-
 def init_inducing_set(x: Tensor, num_classes: int, num_inducing: int, *,
-                      per_class_inputs: bool = True, generator: torch.Generator | None = None
-                      ) -> InducingSet:
+                      per_class_inputs: bool = True, generator: torch.Generator | None = None,
+                      mean_std: float = 0.0, scale: float = 1.0) -> InducingSet:
     """Algorithm 1, line 1: ``Z_t`` a random subset of the task's inputs (an independent subset
-    per class GP when ``per_class_inputs``, as the reference code), ``m_t = 0`` and ``L_t = I``
-    (App. C.2: "initialized at an identity matrix").
+    per class GP when ``per_class_inputs``, as the reference code), ``m_t ~ N(0, mean_std^2)``
+    and ``L_t = scale * I``. The authors' code (uber-research/vargp ``var_gp/vargp.py``,
+    ``VARGP.__init__``) draws ``m_t`` with std 0.5 and stores ``L_t``'s diagonal as
+    ``softplus(1) = 1.3133``; App. C.2 says "initialized at an identity matrix".
 
     Args:
         x: the task's inputs ``(N, D)``; subsets are drawn without replacement (with
             replacement only if ``N < num_inducing``).
-        generator: a CPU ``torch.Generator`` (explicit seed).
+        generator: a CPU ``torch.Generator`` (explicit seed) for Z and m.
     """
     N = x.shape[0]
     Kz = num_classes if per_class_inputs else 1
@@ -198,85 +160,26 @@ def init_inducing_set(x: Tensor, num_classes: int, num_inducing: int, *,
             idx = torch.randint(N, (num_inducing,), generator=generator)
         rows.append(idx.to(x.device))
     Z = torch.stack([x[i] for i in rows])                               # (Kz, M, D)
-    m = torch.zeros(num_classes, num_inducing, dtype=x.dtype, device=x.device)
-    L = torch.eye(num_inducing, dtype=x.dtype, device=x.device).expand(
+    m = mean_std * torch.randn(num_classes, num_inducing, generator=generator,
+                               dtype=x.dtype).to(x.device)
+    L = scale * torch.eye(num_inducing, dtype=x.dtype, device=x.device).expand(
         num_classes, num_inducing, num_inducing).clone()
     return InducingSet(Z.clone(), m, L)
 
 
-def prior_conditional_scale_tril(theta: Tensor, past: Sequence[InducingSet],
-                                  inducing_inputs: Tensor, num_classes: int, jitter: float
-                                  ) -> Tensor:
-    """``chol(C_t)`` of the prior conditional ``p(u_t | u_<t, theta)`` at a given theta, as the
-    initial ``L_t`` (``K, M, M``): the guide then starts at the prior conditional, i.e. at the
-    identity in whitened coordinates (KL term 0 for the auto-regressive guide).
-
-    The paper initializes ``L_t`` at the identity (Sect. 5); that equals this choice when
-    ``K_ZZ = I`` (MNIST at the prior lengthscale, where inducing inputs are far apart relative
-    to l = 1) but makes the initial KL explode (``tr C_t^{-1}``) when inducing inputs are close
-    (the 2-D toy), so the learners default to this one and keep ``"identity"`` as an option.
-
-    Args:
-        theta: a point ``(H, D+1)`` (e.g. the mean of ``q_{t-1}(theta)``).
-        past: inducing sets of earlier tasks (empty for the first task or the global guide).
-        inducing_inputs: ``Z_t (Kz, M, D)``.
-    """
-    sets = [*past, InducingSet(inducing_inputs, inducing_inputs.new_zeros(1, 1),
-                               inducing_inputs.new_zeros(1, 1, 1))]
-    M = inducing_inputs.shape[-2]
-    L = prior_cholesky(theta.expand(1, 1, *theta.shape), concat_inducing_inputs(sets), jitter)
-    L_tt = L[0, 0, ..., -M:, -M:]
-    return L_tt.expand(num_classes, M, M).clone()
-
-
-def carry_forward_global_set(x: Tensor, previous: InducingSet, theta: Tensor, num_inducing: int,
-                             keep: int, *, jitter: float,
-                             generator: torch.Generator | None = None) -> InducingSet:
-    """Initial ``Z_t, m_t, L_t`` of the global-inducing-point ablation at task ``t > 1`` when
-    the single set is carried forward (``VARGP(global_init="previous")``).
-
-    App. B.1 does not say where ``Z_t`` starts; Algorithm 1's "random subset of the task's
-    inputs" throws the old inducing inputs away, and the previous posterior can then reach the
-    new set only through small kernel correlations between tasks. Here, as in the streaming
-    sparse GP of Bui et al. (2017), whose bound eq. 16 is, the new inducing inputs start from old
-    inducing inputs and new data: ``keep`` of ``Z_{t-1}``'s rows (a random subset per class GP)
-    followed by ``num_inducing - keep`` random inputs of the task. ``q(u_t)`` starts at the
-    previous posterior carried to ``Z_t``,
-
-        q(u_t) = int p(u_t | u_{t-1}, theta) q(u_{t-1}) du_{t-1}
-               = N(A m_{t-1}, C + A S_{t-1} A^T),  A = K_{t,t-1} K_{t-1,t-1}^{-1},
-
-    the last block of the closed-form joint (eq. 22) with a zero-mean factor whose covariance is
-    the prior conditional ``C``, at a point ``theta`` (e.g. the mean of ``q_{t-1}(theta)``).
-
-    Args:
-        x: the task's inputs ``(N, D)``; previous: ``q(u_{t-1})`` with ``Z_{t-1}`` ``(Kz, M', D)``.
-        theta: ``(H, D + 1)``; num_inducing: ``M`` of the new set; keep: ``0 <= keep <= min(M,
-            M')`` rows of ``Z_{t-1}`` to keep.
-        generator: a CPU ``torch.Generator`` (explicit seed).
-    """
-    Z_old = previous.inducing_inputs
-    Kz, M_old = Z_old.shape[0], Z_old.shape[-2]
-    if not 0 <= keep <= min(num_inducing, M_old):
-        raise ValueError(f"keep: expected 0 <= keep <= {min(num_inducing, M_old)}, received "
-                         f"{keep}")
-    K = previous.mean.shape[0]
-    rows = [torch.randperm(M_old, generator=generator)[:keep].to(Z_old.device)
-            for _ in range(Kz)]
-    kept = torch.stack([Z_old[k, r] for k, r in enumerate(rows)])          # (Kz, keep, D)
-    parts = [kept]
-    if num_inducing > keep:
-        fresh = init_inducing_set(x, K, num_inducing - keep, per_class_inputs=Kz > 1,
-                                  generator=generator).inducing_inputs
-        parts.append(fresh)
-    Z = torch.cat(parts, dim=-2).to(previous.mean.dtype)
-    zero = InducingSet(Z, previous.mean.new_zeros(K, num_inducing),
-                       prior_conditional_scale_tril(theta, [previous], Z, K, jitter))
-    mu, Sigma = autoregressive_joint(theta.expand(1, 1, *theta.shape), [previous, zero], jitter)
-    mean = mu[0, 0, :, -num_inducing:]
-    cov = Sigma[0, 0, :, -num_inducing:, -num_inducing:]
-    scale = jitter_cholesky(cov, name="carried-forward covariance of u_t")
-    return InducingSet(Z.clone(), mean.clone(), scale.clone())
+def initial_hyperparameters(width: int, *, point: bool, mean: float = math.log(0.5),
+                            noise: float = 0.05, log_variance: float = -2.0,
+                            generator: torch.Generator | None = None, dtype=torch.float32,
+                            device=None) -> Hyperparameters:
+    """Where ``q_t(theta)`` (or the point theta) starts at every task: each entry at ``mean +
+    noise * N(0, 1)``, standard deviation ``exp(log_variance / 2)`` (uber-research/vargp
+    ``var_gp/kernels.py``, ``RBFKernel.__init__``: log 0.5, 0.05, -2, built anew for every task
+    with ``q_{t-1}(theta)`` only as the prior). ``width`` = D + 1 (ARD) or 2."""
+    loc = mean + noise * torch.randn(1, width, generator=generator, dtype=dtype)
+    loc = loc.to(device)
+    if point:
+        return PointHyperparameters(loc)
+    return HyperPosterior(loc, torch.full_like(loc, math.exp(0.5 * log_variance)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,17 +195,20 @@ class VARGPModel:
         init: initial values of the current task's ``Z_t, m_t, L_t`` (e.g.
             :func:`init_inducing_set`).
         hyper_prior: ``q_{t-1}(theta)`` (``None``: ``N(0, I)``; unused for point hypers).
-        hyper_init: initial ``q_t(theta)`` (:class:`HyperPosterior`) or, for
-            ``hyperparameters="point"``, the initial ``theta`` tensor ``(H, D+1)``; width 2
-            (``[log gamma, log l]``) gives the isotropic kernel.
-        guide: ``"autoregressive"`` (VAR-GP), ``"block_diagonal"`` or ``"global"``.
-        hyperparameters: ``"variational"`` (q(theta)), ``"point"`` (MLE ablation) or ``"fixed"``
-            (``hyper_init`` as a constant theta; diagnostic).
+        hyper_init: initial hyperparameters, whose type is the choice of Table 1's rows: a
+            :class:`HyperPosterior` (``q_t(theta)``, VAR-GP) or a :class:`PointHyperparameters`
+            (the "MLE Hypers" ablation); width 2 (``[log gamma, log l]``) gives the isotropic
+            kernel. None: ``q(theta) = N(0, I)``.
+        guide: ``"autoregressive"`` (VAR-GP), ``"block_diagonal"`` (the authors' code: the KL of
+            ``u_t`` drops ``A_t``, the likelihood and the prediction keep the auto-regressive
+            joint), ``"block_diagonal_joint"`` (the text's reading: no ``A_t`` anywhere) or
+            ``"global"``.
         likelihood: :class:`SoftmaxLikelihood` (default) or :class:`GaussianLikelihood`.
         beta: KL tempering factor of ``KL[q_t(theta) || q_{t-1}(theta)]`` (Sect. 4.2).
         num_theta_samples: S draws of theta per ELBO evaluation (ref: 3); 1 for point hypers.
-        jitter: ``K_ZZ + jitter * gamma * I`` everywhere (part of the model).
-        learn_inducing_inputs: optimize ``Z_t`` (Algorithm 1 does).
+        jitter: ``K_ZZ + jitter * I`` everywhere (part of the model).
+        amplitude: ``"squared"`` (kernel variance ``exp(2 theta_0)``, the authors' code) or
+            ``"linear"`` (``exp(theta_0)``); :func:`models.vargp_math.kernel_theta`.
 
     Parameters (``pyro.param`` names) of the current task: ``inducing_inputs`` ``(Kz, M, D)``,
     ``inducing_mean`` ``(K, M)``, ``inducing_scale_tril`` ``(K, M, M)`` (softplus diagonal,
@@ -311,15 +217,12 @@ class VARGPModel:
 
     def __init__(self, *, num_classes: int, past: Sequence[InducingSet], init: InducingSet,
                  hyper_prior: HyperPosterior | None = None,
-                 hyper_init: HyperPosterior | Tensor | None = None,
-                 guide: str = "autoregressive", hyperparameters: str = "variational",
-                 likelihood=None, beta: float = 1.0, num_theta_samples: int = 3,
-                 jitter: float = 1e-6, learn_inducing_inputs: bool = True):
+                 hyper_init: Hyperparameters | None = None,
+                 guide: str = "autoregressive", likelihood=None, beta: float = 1.0,
+                 num_theta_samples: int = 3, jitter: float = 1e-6,
+                 amplitude: str = "squared"):
         if guide not in GUIDES:
             raise ValueError(f"guide: expected one of {GUIDES}, received {guide!r}")
-        if hyperparameters not in HYPERPARAMETER_MODES:
-            raise ValueError(f"hyperparameters: expected one of {HYPERPARAMETER_MODES}, "
-                             f"received {hyperparameters!r}")
         if guide == "global" and len(past) > 1:
             raise ValueError("guide='global' keeps one previous inducing set, received "
                              f"{len(past)}")
@@ -332,28 +235,24 @@ class VARGPModel:
         self.init = init.detach()
         self.input_dim = int(init.inducing_inputs.shape[-1])
         self.guide_structure = guide
-        self.hyperparameters = hyperparameters
         self.likelihood = likelihood if likelihood is not None else SoftmaxLikelihood()
         if getattr(self.likelihood, "num_outputs", None) not in (None, self.num_classes):
             raise ValueError(f"likelihood has {self.likelihood.num_outputs} output(s) but "
                              f"num_classes={self.num_classes}")
         self.beta = float(beta)
-        self.num_theta_samples = 1 if hyperparameters != "variational" else int(num_theta_samples)
         self.jitter = float(jitter)
-        self.learn_inducing_inputs = bool(learn_inducing_inputs)
+        kernel_theta(init.mean.new_zeros(1, 2), amplitude)     # checks the name
+        self.amplitude = amplitude
         dtype, device = init.mean.dtype, init.mean.device
         if hyper_init is None:
-            hyper_init = (standard_hyper_prior(1, self.input_dim, dtype, device)
-                          if hyperparameters == "variational"
-                          else torch.zeros(1, self.input_dim + 1, dtype=dtype, device=device))
-        if hyperparameters == "variational" and not isinstance(hyper_init, HyperPosterior):
-            raise TypeError("hyper_init: expected a HyperPosterior for variational hypers")
-        if hyperparameters != "variational" and isinstance(hyper_init, HyperPosterior):
-            hyper_init = hyper_init.loc
-        self.hyper_init = (hyper_init.detach() if isinstance(hyper_init, HyperPosterior)
-                           else hyper_init.detach().clone())
-        H, width = (self.hyper_init.loc if isinstance(self.hyper_init, HyperPosterior)
-                    else self.hyper_init).shape
+            hyper_init = standard_hyper_prior(1, self.input_dim, dtype, device)
+        if not isinstance(hyper_init, (HyperPosterior, PointHyperparameters)):
+            raise TypeError(f"hyper_init: expected a HyperPosterior or PointHyperparameters, "
+                            f"received {type(hyper_init).__name__}")
+        self.hyper_init = hyper_init.detach()
+        self.point = isinstance(self.hyper_init, PointHyperparameters)
+        self.num_theta_samples = 1 if self.point else int(num_theta_samples)
+        H, width = self.hyper_init.mean.shape
         if width not in (self.input_dim + 1, 2):
             raise ValueError(f"hyper_init: expected {self.input_dim + 1} (ARD) or 2 (isotropic) "
                              f"log-hyperparameters per set, received {width}")
@@ -368,8 +267,7 @@ class VARGPModel:
     # -- parameters of the current task ------------------------------------------------------
     def current_set(self) -> InducingSet:
         """``(Z_t, m_t, L_t)`` from the param store (created from ``init`` on first use)."""
-        Z = (pyro.param("inducing_inputs", self.init.inducing_inputs.clone())
-             if self.learn_inducing_inputs else self.init.inducing_inputs)
+        Z = pyro.param("inducing_inputs", self.init.inducing_inputs.clone())
         m = pyro.param("inducing_mean", self.init.mean.clone())
         L = pyro.param("inducing_scale_tril", self.init.scale_tril.clone(),
                        constraint=constraints.softplus_lower_cholesky)
@@ -381,13 +279,11 @@ class VARGPModel:
         return [current] if self.guide_structure == "global" else [*self.past, current]
 
     def _theta(self, role: str) -> tuple[Tensor, Tensor]:
-        """Sample (or look up) theta; returns the site value (the cache key) and theta as
-        ``(S, 1, H, D+1)``."""
-        if self.hyperparameters == "fixed":
-            return self.hyper_init, self.hyper_init.expand(1, 1, *self.hyper_init.shape)
-        if self.hyperparameters == "point":
-            theta = pyro.param("theta", self.hyper_init.clone())
-            return theta, theta.expand(1, 1, *theta.shape)
+        """Sample (or look up) theta; returns the site value (the cache key) and the kernel's
+        log-hyperparameters (:func:`models.vargp_math.kernel_theta`) as ``(S, 1, H, D+1)``."""
+        if self.point:
+            theta = pyro.param("theta", self.hyper_init.theta.clone())
+            return theta, kernel_theta(theta.expand(1, 1, *theta.shape), self.amplitude)
         if role == "model":
             fn = dist.Normal(self.hyper_prior.loc, self.hyper_prior.scale)
         else:
@@ -397,7 +293,7 @@ class VARGPModel:
             fn = dist.Normal(loc, scale)
         with poutine.scale(scale=self.beta):
             value = pyro.sample("theta", fn.to_event(2))               # (S, 1, 1, H, D+1)
-        return value, value.squeeze(-3)
+        return value, kernel_theta(value.squeeze(-3), self.amplitude)
 
     def _prior_factor(self, key: Tensor, theta: Tensor, sets: list[InducingSet]) -> Tensor:
         """``chol(K_<=t,<=t)`` — computed once per theta draw and shared by guide and model:
@@ -422,7 +318,12 @@ class VARGPModel:
         if hit is not None and hit[0] is L:
             return hit[1]
         s = sets[j - 1]
-        if self.guide_structure == "autoregressive" and u_past:
+        # A_t u_<t enters every factor of the auto-regressive guide, the earlier tasks' factors
+        # of the code's block-diagonal ablation (its current factor drops A_t: only the KL of
+        # u_t changes), and none of the text's block-diagonal reading
+        with_A = self.guide_structure == "autoregressive" or (
+            self.guide_structure == "block_diagonal" and j < len(sets))
+        if with_A and u_past:
             loc = conditional_prior_mean(L, blocks[j - 1], torch.cat(u_past, -1)) + s.mean
         else:
             loc = s.mean
@@ -442,6 +343,23 @@ class VARGPModel:
         return dist.MultivariateNormal(loc, scale_tril=L[..., b, b])
 
     # -- model and guide ---------------------------------------------------------------------
+    def _theta_plate(self):
+        """The ``theta_samples`` plate of S draws, each weighted 1/S (Sect. 5: 3 draws)."""
+        import contextlib
+
+        S = self.num_theta_samples
+        stack = contextlib.ExitStack()
+        stack.enter_context(poutine.scale(scale=1.0 / S))
+        stack.enter_context(pyro.plate("theta_samples", S, dim=-3))
+        return stack
+
+    def _shared_start(self, role: str) -> tuple[Tensor, list[InducingSet], list[slice], Tensor]:
+        """What model and guide both begin with: theta (sampled in the guide, replayed in the
+        model), the inducing sets, their row blocks and ``chol(K_<=t,<=t)`` at theta."""
+        key, theta = self._theta(role)
+        sets = self.sets()
+        return theta, sets, task_slices(sets), self._prior_factor(key, theta, sets)
+
     def model(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
         """The approximate running joint of eq. (6) (eq. 13 for the global ablation).
 
@@ -451,12 +369,8 @@ class VARGPModel:
         """
         B = x.shape[0]
         N = B if num_data is None else int(num_data)
-        S = self.num_theta_samples
-        with poutine.scale(scale=1.0 / S), pyro.plate("theta_samples", S, dim=-3):
-            key, theta = self._theta("model")
-            sets = self.sets()
-            blocks = task_slices(sets)
-            L = self._prior_factor(key, theta, sets)
+        with self._theta_plate():
+            theta, sets, blocks, L = self._shared_start("model")
             with pyro.plate("classes", self.num_classes, dim=-1):
                 if self.guide_structure == "global":
                     u_t = pyro.sample("u", self._prior_conditional(L, blocks, []))
@@ -479,14 +393,10 @@ class VARGPModel:
     def guide(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> None:
         """The variational posterior of eq. (7): ``q_t(theta) q(u_<t | theta) q(u_t | u_<t, theta)``
         (``q_t(theta) q(u_t)`` for the global ablation). Same arguments as :meth:`model`."""
-        S = self.num_theta_samples
         self._cache = None
         self._factor_cache = {}
-        with poutine.scale(scale=1.0 / S), pyro.plate("theta_samples", S, dim=-3):
-            key, theta = self._theta("guide")
-            sets = self.sets()
-            blocks = task_slices(sets)
-            L = self._prior_factor(key, theta, sets)
+        with self._theta_plate():
+            theta, sets, blocks, L = self._shared_start("guide")
             with pyro.plate("classes", self.num_classes, dim=-1):
                 if self.guide_structure == "global":
                     s = sets[-1]
@@ -503,44 +413,109 @@ class VARGPModel:
 
     def _f(self, theta: Tensor, x: Tensor, sets: list[InducingSet], L: Tensor
            ) -> tuple[Tensor, Tensor]:
-        structure = "block_diagonal" if self.guide_structure == "block_diagonal" else \
-            "autoregressive"
-        v_bar, factors = whitened_posterior(L, sets, structure)
+        v_bar, factors = whitened_posterior(L, sets, _joint_structure(self.guide_structure))
         # the task blocks, not Z_<=t: the frozen ones then cost no gradient (cross_covariance)
         return f_marginals(theta, x, [s.inducing_inputs for s in sets], L, v_bar, factors)
 
     # -- reading the result ------------------------------------------------------------------
-    def current_hyper(self) -> HyperPosterior | Tensor:
-        """``q_t(theta)`` (or the point theta) from the param store, detached."""
-        if self.hyperparameters == "fixed":
-            return self.hyper_init.clone()
-        if self.hyperparameters == "point":
-            return pyro.param("theta", self.hyper_init.clone()).detach().clone()
-        return HyperPosterior(
-            pyro.param("theta_loc", self.hyper_init.loc.clone()).detach().clone(),
-            pyro.param("theta_scale", self.hyper_init.scale.clone(),
-                       constraint=constraints.positive).detach().clone())
+    def state_from_params(self, params: dict[str, Tensor]
+                          ) -> tuple[list[InducingSet], Hyperparameters]:
+        """The inducing sets entering prediction (past + current, or the current one for the
+        global guide) and the hyperparameters, from the constrained values of this program's
+        parameters (``inference.svi.SVI.constrained``), detached."""
+        current = InducingSet(params["inducing_inputs"], params["inducing_mean"],
+                              params["inducing_scale_tril"]).detach()
+        sets = [current] if self.guide_structure == "global" else [*self.past, current]
+        if self.point:
+            hyper: Hyperparameters = PointHyperparameters(params["theta"]).detach()
+        else:
+            hyper = HyperPosterior(params["theta_loc"], params["theta_scale"]).detach()
+        return sets, hyper
 
-    def current_state(self) -> tuple[list[InducingSet], HyperPosterior | Tensor]:
-        """The inducing sets entering prediction (past + current, or only current for global)
-        and the hyperparameters, detached from the param store."""
-        with torch.no_grad():
-            sets = [s.detach() for s in self.sets()]
-        return sets, self.current_hyper()
+    @torch.no_grad()
+    def accuracy(self, params: dict[str, Tensor], x: Tensor, y: Tensor, *,
+                 num_theta_samples: int, num_f_samples: int,
+                 generator: torch.Generator | None = None) -> float:
+        """Accuracy of the posterior predictive (App. A.1) at this program's parameters
+        ``params`` on ``(x, y)``: the validation score of Algorithm 1's early stopping."""
+        sets, hyper = self.state_from_params(params)
+        probs = predictive_probabilities(x, sets, hyper, guide=self.guide_structure,
+                                         jitter=self.jitter, amplitude=self.amplitude,
+                                         num_theta_samples=num_theta_samples,
+                                         num_f_samples=num_f_samples, generator=generator)
+        return float((probs.argmax(-1) == y).to(torch.float64).mean())
+
+
+def task_program(x: Tensor, previous_sets: Sequence[InducingSet],
+                 previous_hyper: Hyperparameters | None, *, num_classes: int, num_inducing: int,
+                 guide: str = "autoregressive", point_hyperparameters: bool = False,
+                 beta: float = 1.0, num_theta_samples: int = 3, num_f_samples: int = 10,
+                 ard: bool = True, jitter: float = 1e-4, amplitude: str = "squared",
+                 theta_init: tuple[float, float, float] = (math.log(0.5), 0.05, -2.0),
+                 inducing_mean_std: float = 0.5,
+                 inducing_scale: float = math.log1p(math.e),
+                 inducing_generator: torch.Generator | None = None,
+                 theta_generator: torch.Generator | None = None) -> VARGPModel:
+    """The program of the next task given the state after the tasks before it (Algorithm 1,
+    line 1), started as the authors' code starts it (uber-research/vargp ``var_gp/vargp.py``,
+    ``VARGP.create_clf``; ``var_gp/train_utils_global.py``, ``create_class_gp``):
+
+    * hyperparameters: a fresh ``q_t(theta)`` (:func:`initial_hyperparameters`, ``theta_init``
+      = mean, noise and log-variance) with ``q_{t-1}(theta)`` as its prior (``N(0, I)`` at the
+      first task); the MLE ablation's point theta starts afresh too, with no prior;
+    * inducing set: :func:`init_inducing_set` (a random subset of the task's inputs per class,
+      ``m_t ~ N(0, inducing_mean_std^2)``, ``L_t = inducing_scale * I``, softplus(1) = 1.3133);
+      the global guide at a later task keeps all of ``Z_{t-1}`` (adding task inputs only when
+      ``M`` grew) with a fresh ``q(u_t)`` (``m_t`` as above, ``L_t`` the lower triangle of
+      ones with ``inducing_scale`` on the diagonal, as ``torch.ones`` of the code's vector).
+
+    Args:
+        x: the task's inputs ``(N, D)``.
+        previous_sets: inducing sets of tasks ``1..t-1`` (the one set of the global guide).
+        previous_hyper: their hyperparameters (None at the first task).
+        point_hyperparameters: the "MLE Hypers" ablation (theta a point).
+        inducing_generator, theta_generator: CPU generators (explicit seeds) of ``Z_t, m_t``
+            and of theta's start.
+    """
+    K, M = int(num_classes), int(num_inducing)
+    past = list(previous_sets[-1:]) if guide == "global" else list(previous_sets)
+    width = x.shape[1] + 1 if ard else 2
+    mean, noise, log_variance = theta_init
+    hyper = initial_hyperparameters(width, point=point_hyperparameters, mean=mean, noise=noise,
+                                    log_variance=log_variance, generator=theta_generator,
+                                    dtype=x.dtype, device=x.device)
+    if guide == "global" and past:
+        Z_old = past[0].inducing_inputs
+        Z = Z_old[:, :M]
+        if Z_old.shape[-2] < M:
+            extra = init_inducing_set(x, K, M - Z_old.shape[-2], generator=inducing_generator)
+            Z = torch.cat([Z_old, extra.inducing_inputs.to(Z_old.dtype)], dim=-2)
+        m = inducing_mean_std * torch.randn(K, M, generator=inducing_generator,
+                                            dtype=x.dtype).to(x.device)
+        ones = torch.ones(M, M, dtype=x.dtype, device=x.device).tril(-1)
+        L = (ones + inducing_scale * torch.eye(M, dtype=x.dtype, device=x.device)).expand(
+            K, M, M).clone()
+        init = InducingSet(Z.clone(), m, L)
+    else:
+        init = init_inducing_set(x, K, M, generator=inducing_generator,
+                                 mean_std=inducing_mean_std, scale=inducing_scale)
+    return VARGPModel(num_classes=K, past=past, init=init,
+                      hyper_prior=previous_hyper if isinstance(previous_hyper, HyperPosterior)
+                      else None,
+                      hyper_init=hyper, guide=guide,
+                      likelihood=SoftmaxLikelihood(num_f_samples), beta=beta,
+                      num_theta_samples=num_theta_samples, jitter=jitter, amplitude=amplitude)
+
+
+def _joint_structure(guide: str) -> str:
+    """The structure of q(u_<=t | theta) that the likelihood and the prediction use: block
+    diagonal only for the text's reading of the block-diagonal ablation."""
+    return "block_diagonal" if guide == "block_diagonal_joint" else "autoregressive"
 
 
 # ---------------------------------------------------------------------------------------------
 # prediction (App. A.1)
 # ---------------------------------------------------------------------------------------------
-def _theta_draws(hyper: HyperPosterior | Tensor, num_samples: int,
-                 generator: torch.Generator | None) -> Tensor:
-    if not isinstance(hyper, HyperPosterior):
-        return hyper.expand(1, 1, *hyper.shape)
-    eps = torch.randn((num_samples, 1, *hyper.loc.shape), generator=generator,
-                      dtype=hyper.loc.dtype).to(hyper.loc.device)
-    return hyper.loc + hyper.scale * eps
-
-
 def posterior_factors(theta: Tensor, sets: Sequence[InducingSet], *,
                       guide: str = "autoregressive", jitter: float = 1e-6
                       ) -> tuple[Tensor, Tensor, Tensor, list]:
@@ -551,8 +526,7 @@ def posterior_factors(theta: Tensor, sets: Sequence[InducingSet], *,
     sets = list(sets)
     Z = concat_inducing_inputs(sets)
     L = prior_cholesky(theta, Z, jitter)
-    structure = "block_diagonal" if guide == "block_diagonal" else "autoregressive"
-    v_bar, factors = whitened_posterior(L, sets, structure)
+    v_bar, factors = whitened_posterior(L, sets, _joint_structure(guide))
     return Z, L, v_bar, factors
 
 
@@ -567,8 +541,9 @@ def f_marginals_of_state(inputs: Tensor, sets: Sequence[InducingSet], theta: Ten
 
 @torch.no_grad()
 def predictive_probabilities(inputs: Tensor, sets: Sequence[InducingSet],
-                             hyper: HyperPosterior | Tensor,
+                             hyper: Hyperparameters,
                              *, guide: str = "autoregressive", jitter: float = 1e-6,
+                             amplitude: str = "squared",
                              num_theta_samples: int = 10, num_f_samples: int = 10,
                              generator: torch.Generator | None = None,
                              max_elements: int = 2**24) -> Tensor:
@@ -586,7 +561,7 @@ def predictive_probabilities(inputs: Tensor, sets: Sequence[InducingSet],
         ``(B, K)`` class probabilities.
     """
     x, sets = inputs, list(sets)
-    theta = _theta_draws(hyper, num_theta_samples, generator)
+    theta = kernel_theta(hyper.draws(num_theta_samples, generator), amplitude)
     S = theta.shape[0]
     K = sets[-1].mean.shape[0]
     M = sum(s.num_inducing for s in sets)
@@ -596,9 +571,7 @@ def predictive_probabilities(inputs: Tensor, sets: Sequence[InducingSet],
     for start in range(0, x.shape[0], chunk):
         xb = x[start:start + chunk]
         f_loc, f_var = f_marginals(theta, xb, Z, L, v_bar, factors)    # (S, 1, K, b)
-        eps = torch.randn((S, num_f_samples, *f_loc.shape[2:]), generator=generator,
-                          dtype=f_loc.dtype).to(f_loc.device)
-        f = f_loc + f_var.sqrt() * eps                                   # (S, S_f, K, b)
+        f = sample_f(f_loc, f_var, num_f_samples, generator)          # (S, S_f, K, b)
         probs = torch.softmax(f, dim=-2).mean(dim=(0, 1))               # (K, b)
         out.append(probs.transpose(0, 1))
     return torch.cat(out, dim=0) if out else x.new_zeros(0, K)

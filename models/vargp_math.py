@@ -31,7 +31,7 @@ and factors ``L_j: (K, M_j, M_j)``. Everything broadcasts over the leading axes.
 
 One Cholesky gives every block
 ------------------------------
-Let ``L = chol(K_{<=t,<=t})`` (with ``jitter * gamma * I`` added to the diagonal) be partitioned
+Let ``L = chol(K_{<=t,<=t})`` (with ``jitter * I`` added to the diagonal) be partitioned
 by tasks. For the leading block ``<j`` and the block row ``j``:
 
     K_{<j,<j} = L_{<j} L_{<j}^T,   K_{j,<j} = L_{j,<j} L_{<j}^T
@@ -86,7 +86,8 @@ from torch import Tensor
 from models.kernels_torch import SquaredExponential, cat_rows
 from models.linalg_torch import jitter_cholesky, symmetrize
 
-__all__ = ["InducingSet", "HyperPosterior", "kernel_from_theta", "cross_covariance",
+__all__ = ["InducingSet", "HyperPosterior", "PointHyperparameters", "Hyperparameters",
+           "sample_f", "mc_softmax", "kernel_from_theta", "kernel_theta", "cross_covariance",
            "concat_inducing_inputs",
            "task_slices", "prior_cholesky", "conditional_prior_mean", "autoregressive_joint",
            "whitened_posterior", "f_marginals", "gaussian_kl", "autoregressive_kl",
@@ -132,12 +133,78 @@ class HyperPosterior(NamedTuple):
     loc: Tensor
     scale: Tensor
 
+    @property
+    def mean(self) -> Tensor:
+        """``E[theta] = loc``, ``(H, D + 1)``."""
+        return self.loc
+
+    def draws(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
+        """``num_samples`` reparameterized draws ``loc + scale * eps``, ``(S, 1, H, D + 1)``
+        (the layout of the module docstring); ``eps`` from ``generator`` (CPU) when given."""
+        eps = torch.randn((num_samples, 1, *self.loc.shape), generator=generator,
+                          dtype=self.loc.dtype).to(self.loc.device)
+        return self.loc + self.scale * eps
+
     def detach(self) -> "HyperPosterior":
         return HyperPosterior(self.loc.detach().clone(), self.scale.detach().clone())
 
     def to(self, device=None, dtype=None) -> "HyperPosterior":
         return HyperPosterior(self.loc.to(device=device, dtype=dtype),
                               self.scale.to(device=device, dtype=dtype))
+
+
+class PointHyperparameters(NamedTuple):
+    """A point value of the log-hyperparameters (the "MLE Hypers" ablation of Table 1: theta
+    a parameter of the model, no KL term).
+
+    Attributes:
+        theta: shape ``(H, D + 1)``.
+    """
+
+    theta: Tensor
+
+    @property
+    def mean(self) -> Tensor:
+        return self.theta
+
+    @property
+    def scale(self) -> Tensor:
+        """0: a point has no spread (for summaries beside :class:`HyperPosterior`)."""
+        return torch.zeros_like(self.theta)
+
+    def draws(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
+        """The point itself, ``(1, 1, H, D + 1)`` (every draw is the same)."""
+        return self.theta.expand(1, 1, *self.theta.shape)
+
+    def detach(self) -> "PointHyperparameters":
+        return PointHyperparameters(self.theta.detach().clone())
+
+    def to(self, device=None, dtype=None) -> "PointHyperparameters":
+        return PointHyperparameters(self.theta.to(device=device, dtype=dtype))
+
+
+#: the hyperparameters of a VAR-GP state: a distribution over theta or a point
+Hyperparameters = HyperPosterior | PointHyperparameters
+
+
+def sample_f(f_loc: Tensor, f_var: Tensor, num_samples: int,
+             generator: torch.Generator | None = None) -> Tensor:
+    """``num_samples`` draws of ``f ~ N(f_loc, f_var)`` per theta draw: inputs
+    ``(S, 1, ...)``, output ``(S, num_samples, ...)`` (``eps`` from ``generator`` when given,
+    else from torch's generator, as inside a Pyro program)."""
+    shape = (f_loc.shape[0], num_samples, *f_loc.shape[2:])
+    if generator is None:
+        eps = torch.randn(shape, dtype=f_loc.dtype, device=f_loc.device)
+    else:
+        eps = torch.randn(shape, generator=generator, dtype=f_loc.dtype).to(f_loc.device)
+    return f_loc + f_var.sqrt() * eps
+
+
+def mc_softmax(f_loc: Tensor, f_var: Tensor, num_f_samples: int,
+               generator: torch.Generator | None = None) -> Tensor:
+    """``E_{q(f | theta)} softmax(f)`` by ``num_f_samples`` draws per theta draw (App. A.1):
+    ``f_loc, f_var (S, 1, K, B)`` -> ``(S, K, B)`` (classes on axis -2)."""
+    return torch.softmax(sample_f(f_loc, f_var, num_f_samples, generator), dim=-2).mean(1)
 
 
 def kernel_from_theta(theta: Tensor) -> SquaredExponential:
@@ -167,13 +234,27 @@ def task_slices(sets: Sequence[InducingSet]) -> list[slice]:
     return out
 
 
+def kernel_theta(theta: Tensor, amplitude: str = "squared") -> Tensor:
+    """The kernel's log-hyperparameters ``[log variance, log l_1..l_D]`` from the model's
+    ``theta = [log gamma, log l_1..l_D]``: ``variance = gamma^2 = exp(2 theta_0)``
+    (``amplitude="squared"``, uber-research/vargp ``var_gp/kernels.py``, ``RBFKernel.compute``)
+    or ``variance = exp(theta_0)`` (``"linear"``: Sect. 4.3's "log-scale factor" as eq. 20 is
+    printed). The lengthscales are the same either way."""
+    if amplitude == "linear":
+        return theta
+    if amplitude != "squared":
+        raise ValueError(f"amplitude: expected 'squared' or 'linear', received {amplitude!r}")
+    return torch.cat([2.0 * theta[..., :1], theta[..., 1:]], dim=-1)
+
+
 def prior_cholesky(theta: Tensor, inducing_inputs: Tensor, jitter: float) -> Tensor:
-    """``L = chol(K_ZZ + jitter * gamma * I)``: the Cholesky factor of the GP prior p(u | theta).
+    """``L = chol(K_ZZ + jitter * I)``: the Cholesky factor of the GP prior p(u | theta), with
+    an absolute jitter (uber-research/vargp ``var_gp/gp_utils.py``, ``cholesky``: 1e-4).
 
     Args:
         theta: ``(S, 1, H, D + 1)`` log-hyperparameters.
         inducing_inputs: ``Z``, shape ``(Kz, M, D)``.
-        jitter: relative diagonal jitter (part of the model: the same in every term).
+        jitter: absolute diagonal jitter (part of the model: the same in every term).
 
     Returns:
         ``(S, 1, Kk, M, M)`` lower-triangular factors.
@@ -182,7 +263,7 @@ def prior_cholesky(theta: Tensor, inducing_inputs: Tensor, jitter: float) -> Ten
     K_ZZ = kern(inducing_inputs)
     if jitter:
         eye = torch.eye(K_ZZ.shape[-1], dtype=K_ZZ.dtype, device=K_ZZ.device)
-        K_ZZ = K_ZZ + (jitter * kern.variance)[..., None, None] * eye
+        K_ZZ = K_ZZ + jitter * eye
     return jitter_cholesky(K_ZZ, name="K_ZZ (prior covariance of the inducing outputs)")
 
 

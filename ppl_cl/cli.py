@@ -4,6 +4,9 @@
     ppl-cl run NAME [--quick] [--seed N] [--device cpu|cuda] [--out DIR] [--set key=value ...]
     ppl-cl reproduce [--quick] [--out DIR] [--only NAME ...] [--seeds N ...] [--set key=value ...]
     ppl-cl report RUN_DIR [RUN_DIR ...] [--out DIR]
+    ppl-cl sweep NAME [NAME ...] --out DIR [--seeds N ...] [--grid key=v1,v2 ...]
+                 [--set key=value ...] [--quick] [--address auto|HOST:PORT | --local-processes N]
+                 [--cpus-per-run N] [--gpus-per-run F]
     ppl-cl data list [--no-checksum]
     ppl-cl data path NAME
 
@@ -14,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -28,10 +33,59 @@ def _parse_sets(items: list[str] | None) -> dict[str, str]:
     out = {}
     for item in items or []:
         if "=" not in item:
-            raise SystemExit(f"--set expects key=value, received {item!r}")
+            raise ConfigError(f"--set: expected key=value, received {item!r}")
         key, value = item.split("=", 1)
+        if not key.strip():
+            raise ConfigError(f"--set: expected key=value with a key, received {item!r}")
         out[key.strip()] = value
     return out
+
+
+#: where running ``ppl-cl run`` / ``reproduce`` processes leave their pid (thread budget)
+_RUNS_DIR = Path(tempfile.gettempdir()) / "ppl_cl-runs"
+
+
+def _other_runs() -> int:
+    """How many other ``ppl-cl`` runs are alive on this machine (their pid files)."""
+    n = 0
+    for f in _RUNS_DIR.glob("*.pid") if _RUNS_DIR.is_dir() else []:
+        try:
+            pid = int(f.stem)
+            os.kill(pid, 0)
+        except (ValueError, ProcessLookupError):
+            f.unlink(missing_ok=True)
+            continue
+        except PermissionError:
+            pass
+        if pid != os.getpid():
+            n += 1
+    return n
+
+
+def _set_threads(threads: int | None) -> int | None:
+    """One thread budget for torch, JAX / XLA and BLAS in this process, set before they load:
+    ``--threads N``; else, when ``OMP_NUM_THREADS`` is unset and another ``ppl-cl`` run shares
+    the machine, 1 (two processes with 2 threads each on 2 cores run about 20x slower, not
+    2x). Returns the number set (None: the libraries' defaults)."""
+    if threads is None:
+        if os.environ.get("OMP_NUM_THREADS") or not _other_runs():
+            return None
+        threads = 1
+        print("ppl-cl: another ppl-cl run shares this machine: using 1 thread "
+              "(--threads N to choose)", file=sys.stderr)
+    if threads < 1:
+        raise ConfigError(f"--threads: expected an int >= 1, received {threads}")
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "intra_op_parallelism_threads" not in flags:
+        extra = f"intra_op_parallelism_threads={threads}"
+        if threads == 1:
+            extra = "--xla_cpu_multi_thread_eigen=false " + extra
+        os.environ["XLA_FLAGS"] = (flags + " " + extra).strip()
+    if "torch" in sys.modules:     # torch reads OMP_NUM_THREADS only when it loads
+        sys.modules["torch"].set_num_threads(threads)
+    return threads
 
 
 def _cmd_list(args) -> int:
@@ -53,7 +107,8 @@ def _cmd_run(args) -> int:
     metrics = run_experiment(args.name, quick=args.quick, seed=args.seed, device=args.device,
                              out=args.out, overrides=_parse_sets(args.set),
                              data_dir=args.data_dir, show_progress=args.progress,
-                             resume=args.resume, checkpoint_every_s=args.checkpoint_every)
+                             resume=args.resume, checkpoint_every_s=args.checkpoint_every,
+                             force=args.force)
     print(json.dumps(metrics["summary"], indent=2, default=str))
     print(f"wrote {args.out or 'runs/' + args.name}/metrics.json "
           f"({metrics['wall_time_s']:.1f} s)", file=sys.stderr)
@@ -66,12 +121,13 @@ def _cmd_reproduce(args) -> int:
     res = reproduce(args.out, quick=args.quick, seed=args.seed, seeds=args.seeds,
                     device=args.device, only=args.only, overrides=_parse_sets(args.set),
                     data_dir=args.data_dir, show_progress=args.progress, resume=args.resume,
-                    checkpoint_every_s=args.checkpoint_every)
+                    checkpoint_every_s=args.checkpoint_every, force=args.force)
     with open(f"{args.out}/report.md") as fh:
         print(fh.read())
     for name, r in res["results"].items():
         if r["status"] == "error":
-            print(f"--- {name} failed ---\n{r['traceback']}", file=sys.stderr)
+            detail = r["traceback"] if args.debug else r["error"].splitlines()[0]
+            print(f"ppl-cl: {name} failed: {detail}", file=sys.stderr)
     return 1 if res["failed"] else 0
 
 
@@ -82,11 +138,26 @@ def _cmd_report(args) -> int:
         notes = None if args.notes is None else Path(args.notes).read_text()
         collect(args.run_dirs, args.out, notes=notes)
     except (FileNotFoundError, ValueError) as err:
-        print(f"ppl-cl: {err}", file=sys.stderr)
-        return 2
+        raise ConfigError(str(err)) from err
     with open(f"{args.out}/report.md") as fh:
         print(fh.read())
     return 0
+
+
+def _cmd_sweep(args) -> int:
+    from ppl_cl.sweep import parse_grid, sweep
+
+    res = sweep(args.names, out=args.out, seeds=args.seeds, grid=parse_grid(args.grid),
+                sets=_parse_sets(args.set), quick=args.quick, address=args.address,
+                local_processes=args.local_processes, cpus_per_run=args.cpus_per_run,
+                gpus_per_run=args.gpus_per_run, device=args.device, force=args.force,
+                checkpoint_every_s=args.checkpoint_every, data_dir=args.data_dir)
+    if res["report"]:
+        with open(res["report"]) as fh:
+            print(fh.read())
+    for e in res["failed"]:
+        print(f"ppl-cl: {e['dir']} failed: {e['error']} (log: {e['log']})", file=sys.stderr)
+    return 1 if res["failed"] else 0
 
 
 def _cmd_data(args) -> int:
@@ -112,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ppl-cl", description=__doc__.splitlines()[0])
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--data-dir", default=None, help="data root searched first")
+    common.add_argument("--debug", action="store_true",
+                        help="show the traceback of an error (default: one line)")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     sub.add_parser("list", parents=[common], help="list registered experiments")
@@ -125,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--resume", action="store_true",
                         help="continue a stopped run from the checkpoints in its run folder "
                              "(same experiment, seed and settings)")
+        sp.add_argument("--force", action="store_true",
+                        help="replace a finished run in the output folder")
+        sp.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="threads for torch, JAX and BLAS (default: the libraries' own, or "
+                             "1 when another ppl-cl run shares the machine and OMP_NUM_THREADS "
+                             "is unset)")
         sp.add_argument("--checkpoint-every", type=float, default=600.0, metavar="SECONDS",
                         help="seconds between the snapshots saved within a long unit of work "
                              "(a VAR-GP task), which --resume continues from (default 600)")
@@ -154,6 +233,38 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--notes", metavar="FILE", default=None,
                     help="text file (markdown) added under '## Notes' and as the JSON's notes")
 
+    sw = sub.add_parser("sweep", parents=[common],
+                        help="experiments x seeds x --grid values as independent runs (Ray, or "
+                             "a local process pool), then the pooled report")
+    sw.add_argument("names", nargs="+", metavar="NAME", help="experiments (`ppl-cl list`)")
+    sw.add_argument("--out", required=True,
+                    help="the sweep's folder: a run folder per run, sweep.json, report.md")
+    sw.add_argument("--seeds", nargs="+", type=int, default=[0], metavar="N",
+                    help="seeds, each run separately (default 0)")
+    sw.add_argument("--grid", action="append", metavar="KEY=V1,V2",
+                    help="config key and its values (commas inside [...] stay in a value); "
+                         "the runs are the product of every --grid, experiment and seed")
+    sw.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="config override applied to every run")
+    sw.add_argument("--quick", action="store_true", help="small sizes (minutes on a CPU)")
+    sw.add_argument("--address", default=None, metavar="auto|HOST:PORT",
+                    help="a running Ray cluster (`ray start --head`; default: a local Ray "
+                         "instance when Ray is installed)")
+    sw.add_argument("--local-processes", type=int, default=None, metavar="N",
+                    help="run on a local pool of N processes, without Ray (the default when "
+                         "Ray is not installed: CPUs / --cpus-per-run)")
+    sw.add_argument("--cpus-per-run", type=int, default=1, metavar="N",
+                    help="CPUs declared per run, and its threads (default 1)")
+    sw.add_argument("--gpus-per-run", type=float, default=0.0, metavar="F",
+                    help="GPU share per run on Ray, in (0, 1]: 0.5 puts two runs on a GPU "
+                         "(implies --device cuda)")
+    sw.add_argument("--device", default=None,
+                    help="cpu or cuda (default: cuda with --gpus-per-run, else cpu)")
+    sw.add_argument("--force", action="store_true",
+                    help="rerun finished runs, replace folders holding other settings")
+    sw.add_argument("--checkpoint-every", type=float, default=600.0, metavar="SECONDS",
+                    help="as for `ppl-cl run` (default 600)")
+
     d = sub.add_parser("data", parents=[common], help="datasets: where they are, checksums")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
     dl = dsub.add_parser("list", parents=[common])
@@ -170,32 +281,52 @@ def _raise_terminated(signum, frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run one ``ppl-cl`` command; returns the exit status.
 
-    While ``run`` or ``reproduce`` works, SIGTERM (``kill``, a batch system's time limit) raises
-    :class:`~ppl_cl.errors.Terminated` in the main thread, so the run's
+    Errors are one ``ppl-cl: ...`` line on stderr (``--debug``: the traceback too): status 2
+    for a bad argument, config, path, device, data or checkpoint, 1 for a run that failed.
+    While ``run``, ``reproduce`` or ``sweep`` works, SIGTERM (``kill``, a batch system's time
+    limit) raises :class:`~ppl_cl.errors.Terminated` in the main thread, so the run's
     ``progress.log`` ends with ``terminated (SIGTERM)`` (its checkpoints stay for ``--resume``)
-    and the status is 143 (128 + SIGTERM), as if the signal had killed the process. The previous
-    handler is restored on return."""
+    and the status is 143 (128 + SIGTERM), as if the signal had killed the process; a sweep
+    passes it on to its live runs first. The previous handler is restored on return."""
     args = build_parser().parse_args(argv)
     handlers = {"list": _cmd_list, "run": _cmd_run, "reproduce": _cmd_reproduce,
-                "report": _cmd_report, "data": _cmd_data}
-    catch = (args.cmd in ("run", "reproduce")
-             and threading.current_thread() is threading.main_thread())
+                "report": _cmd_report, "sweep": _cmd_sweep, "data": _cmd_data}
+    running = args.cmd in ("run", "reproduce")
+    catch = (running or args.cmd == "sweep") and \
+        threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if catch else None
+    pid_file = None
     try:
+        if running:
+            _set_threads(args.threads)
+            _RUNS_DIR.mkdir(parents=True, exist_ok=True)
+            pid_file = _RUNS_DIR / f"{os.getpid()}.pid"
+            pid_file.touch()
         return handlers[args.cmd](args)
     except Terminated as err:
         print(f"ppl-cl: terminated ({err})", file=sys.stderr)
         return 128 + signal.SIGTERM
+    except KeyboardInterrupt:
+        print("ppl-cl: interrupted", file=sys.stderr)
+        return 130
     except Exception as err:  # user-facing errors: one line, non-zero exit
         from ppl_cl.data.root import MissingDataError
         from ppl_cl.persist import CheckpointError
 
+        if args.debug:
+            raise
+        first = (str(err).splitlines() or [type(err).__name__])[0]
         if isinstance(err, (MissingDataError, ConfigError, DeviceError, CheckpointError,
-                            KeyError)):
-            print(f"ppl-cl: {err}", file=sys.stderr)
+                            FileNotFoundError, NotADirectoryError, FileExistsError,
+                            PermissionError)):
+            print(f"ppl-cl: {first}", file=sys.stderr)
             return 2
-        raise
+        print(f"ppl-cl: the run failed: {type(err).__name__}: {first} (--debug shows the "
+              "traceback)", file=sys.stderr)
+        return 1
     finally:
+        if pid_file is not None:
+            pid_file.unlink(missing_ok=True)
         if catch:
             signal.signal(signal.SIGTERM, previous)
 

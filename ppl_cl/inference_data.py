@@ -37,11 +37,12 @@ from __future__ import annotations
 
 import math
 import numbers
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+
+from models.linalg_numpy import JitterWarning, jitter_cholesky
 
 from ppl_cl.batch import as_numpy
 from ppl_cl.predictive import GaussianPredictive
@@ -70,10 +71,6 @@ DATA_GROUPS: tuple[str, ...] = ("observed_data", "constant_data", "predictions_c
 """Groups without sample axes."""
 FILTERING_GROUP = "filtering"
 """Custom group holding trajectories over time (dimension ``time``)."""
-
-
-class JitterWarning(UserWarning):
-    """A covariance needed jitter before it could be factored for Gaussian draws."""
 
 
 # -- array and argument checks --------------------------------------------------------------
@@ -314,40 +311,6 @@ def samples_to_inference_data(samples: Mapping[str, Any], *,
 
 
 # -- Gaussian posteriors -----------------------------------------------------------------------
-_JITTER_START, _JITTER_FACTOR, _JITTER_TRIES = 1e-10, 10.0, 5
-
-
-def _cholesky_with_jitter(S: np.ndarray, where: str) -> np.ndarray:
-    """Lower Cholesky factor of PSD ``S: (..., D, D)`` (float64) with escalating jitter.
-
-    Same policy as ``models.linalg_torch.jitter_cholesky`` for float64 (the NumPy twin used for
-    drawing from Gaussian posteriors): try ``S``, then ``S + j * mean(diag S) * I`` for
-    ``j = 1e-10 * 10**k``, ``k = 0..4``; warn :class:`JitterWarning` when jitter was needed,
-    raise ``ValueError`` when all tries fail.
-    """
-    try:
-        return np.linalg.cholesky(S)
-    except np.linalg.LinAlgError:
-        pass
-    diag = np.abs(np.diagonal(S, axis1=-2, axis2=-1))
-    scale = np.maximum(diag.mean(axis=-1), np.finfo(np.float64).tiny)[..., None, None]
-    eye = np.eye(S.shape[-1])
-    for k in range(_JITTER_TRIES):
-        j = _JITTER_START * _JITTER_FACTOR**k
-        try:
-            L = np.linalg.cholesky(S + j * scale * eye)
-        except np.linalg.LinAlgError:
-            continue
-        warnings.warn(f"{where}: Cholesky of covariance {S.shape} needed jitter {j:.1e} x mean "
-                      f"diagonal", JitterWarning, stacklevel=3)
-        return L
-    min_eig = float(np.linalg.eigvalsh(S).min())
-    raise ValueError(f"{where}: expected a positive semi-definite covariance, received one with "
-                     f"smallest eigenvalue {min_eig:.3g} (Cholesky failed even with jitter "
-                     f"{_JITTER_START * _JITTER_FACTOR ** (_JITTER_TRIES - 1):.0e} x mean "
-                     f"diagonal)")
-
-
 def gaussian_draws(mean: Mapping[str, Any], covariance: Mapping[str, Any] | None = None, *,
                    variance: Mapping[str, Any] | None = None, num_draws: int = 1000,
                    seed: int | np.random.Generator = 0) -> dict[str, np.ndarray]:
@@ -437,10 +400,10 @@ def gaussian_draws(mean: Mapping[str, Any], covariance: Mapping[str, Any] | None
         if kind == "variance":
             x = mu + np.sqrt(C) * eps
         elif kind == "joint":
-            L = _cholesky_with_jitter(C, f"covariance[{name!r}]")
+            L = jitter_cholesky(C, name=f"covariance[{name!r}]")
             x = mu + (eps.reshape(num_draws, -1) @ L.T).reshape((num_draws,) + mu.shape)
         else:
-            L = _cholesky_with_jitter(C, f"covariance[{name!r}]")
+            L = jitter_cholesky(C, name=f"covariance[{name!r}]")
             if mu.ndim == 0:
                 x = mu + L[0, 0] * eps
             else:

@@ -10,7 +10,9 @@ Every learner
   The batch is validated *before* any state changes; a refused batch leaves the learner as it
   was;
 * ``predict(x, task_id=None)`` returns a :class:`~ppl_cl.predictive.GaussianPredictive` or
-  :class:`~ppl_cl.predictive.CategoricalPredictive`; before the first ``update`` it raises
+  :class:`~ppl_cl.predictive.CategoricalPredictive`; before the first ``update`` it is the
+  prior predictive (what the prequential protocol scores the first chunk with), or, for a
+  learner whose outputs are not defined before data (a tree of classes built from them),
   :class:`ppl_cl.errors.NotFittedError`; ``x`` with no rows gives an empty predictive;
 * ``state_dict()`` / ``load_state_dict(state)`` carry the continual state (a tree of arrays and
   scalars), and ``save(path)`` / ``MyLearner.load(path)`` persist it with

@@ -20,6 +20,8 @@ import io
 import json
 import os
 import tempfile
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)     # as an ordinary file (mkstemp makes it private, 0600)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -115,18 +120,49 @@ def save_tree(path: str | os.PathLike, tree: Any, meta: dict[str, Any] | None = 
 
 
 def load_tree(path: str | os.PathLike, device: Any = None) -> tuple[Any, dict[str, Any]]:
-    """Load ``(tree, meta)`` saved by :func:`save_tree`."""
+    """Load ``(tree, meta)`` saved by :func:`save_tree`.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        CheckpointError: naming ``path`` and what is wrong when the file is empty, truncated,
+            corrupted, not a ``.npz`` archive, an archive not written by :func:`save_tree`, or of
+            another format version.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint not found: {path}")
+    if path.is_dir():
+        raise CheckpointError(f"{path}: expected a checkpoint file, received a directory")
+    size = path.stat().st_size
+    if size == 0:
+        raise CheckpointError(f"{path}: the checkpoint is empty (0 bytes)")
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic != b"PK\x03\x04":
+        raise CheckpointError(f"{path}: not a ppl_cl checkpoint (expected an .npz archive "
+                              f"written by save(), received a file starting {magic!r})")
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as npz:
+            if "__meta__" not in npz.files:
+                raise CheckpointError(f"{path}: an .npz archive but not a ppl_cl checkpoint "
+                                      "(no __meta__ entry)")
             header = json.loads(npz["__meta__"].tobytes().decode("utf-8"))
             arrays = {k: npz[k] for k in npz.files if k != "__meta__"}
-    except (ValueError, KeyError, OSError) as exc:
-        raise CheckpointError(f"{path} is not a ppl_cl checkpoint: {exc}") from exc
+    except CheckpointError:
+        raise
+    except (zipfile.BadZipFile, EOFError, zlib.error, ValueError, KeyError, OSError,
+            UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: the checkpoint is truncated or corrupted "
+                              f"({type(exc).__name__}: {(str(exc).splitlines() or ['unreadable'])[0]}); "
+                              "write it again") from exc
+    if not isinstance(header, dict) or "tree" not in header:
+        raise CheckpointError(f"{path}: not a ppl_cl checkpoint (its __meta__ has no tree)")
     version = header.get("format_version")
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{path}: checkpoint format version {version}, this ppl_cl reads "
                               f"version {FORMAT_VERSION}")
-    return _unflatten(header["tree"], arrays, device), header["meta"]
+    try:
+        return _unflatten(header["tree"], arrays, device), header.get("meta", {})
+    except KeyError as exc:
+        raise CheckpointError(f"{path}: the checkpoint is corrupted (array {exc} missing)") \
+            from exc

@@ -27,7 +27,39 @@ from typing import Any
 from ppl_cl.errors import ConfigError
 
 __all__ = ["ConfigError", "make_config", "to_dict", "from_dict", "parse_value",
-           "apply_overrides", "field_names"]
+           "apply_overrides", "field_names", "check_positive", "check_ints", "check_choices"]
+
+
+def check_positive(config: Any, *names: str, allow_zero: bool = False) -> None:
+    """``ValueError`` naming the first field of ``names`` that is not a finite number > 0
+    (>= 0 with ``allow_zero``); for a config's ``__post_init__``."""
+    import math
+
+    for name in names:
+        v = getattr(config, name)
+        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and (
+            v >= 0 if allow_zero else v > 0)
+        if not ok:
+            raise ValueError(f"{name}: expected a finite number {'>=' if allow_zero else '>'} 0, "
+                             f"received {v!r}")
+
+
+def check_ints(config: Any, *names: str, minimum: int = 1) -> None:
+    """``ValueError`` naming the first field of ``names`` that is not an int >= ``minimum``."""
+    for name in names:
+        v = getattr(config, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise ValueError(f"{name}: expected an int >= {minimum}, received {v!r}")
+
+
+def check_choices(config: Any) -> None:
+    """``ValueError`` for a ``Literal``-typed field whose value is not one of its choices."""
+    for name, typ in _hints(type(config)).items():
+        if typing.get_origin(typ) is typing.Literal:
+            allowed = typing.get_args(typ)
+            if getattr(config, name) not in allowed:
+                raise ValueError(f"{name}: expected one of {allowed}, received "
+                                 f"{getattr(config, name)!r}")
 
 
 def field_names(cls: type) -> list[str]:
@@ -167,7 +199,8 @@ def parse_value(text: str, typ: Any, key: str) -> Any:
                           f"{text!r}") from exc
 
 
-def apply_overrides(config: Any, overrides: dict[str, Any], *, where: str = "") -> Any:
+def apply_overrides(config: Any, overrides: dict[str, Any], *, where: str = "",
+                    prefix: str = "") -> Any:
     """``config`` with ``--set`` overrides (``key`` or dotted ``learner.key``; string values are
     parsed by the field's type, other values used as they are). Unknown keys raise
     :class:`ConfigError` listing the valid ones; bad values are reported by the config's own
@@ -189,10 +222,12 @@ def apply_overrides(config: Any, overrides: dict[str, Any], *, where: str = "") 
                                   f"({key!r})")
             nested.setdefault(head, {})[rest] = value
         else:
-            direct[key] = parse_value(value, hints[key], key) if isinstance(value, str) else value
+            direct[key] = parse_value(value, hints[key], prefix + key) \
+                if isinstance(value, str) else value
     for head, sub_over in nested.items():
         direct[head] = apply_overrides(getattr(config, head), sub_over,
-                                       where=f"{where + '.' if where else ''}{head}")
+                                       where=f"{where + '.' if where else ''}{head}",
+                                       prefix=f"{prefix}{head}.")
     try:
         return dataclasses.replace(config, **direct)
     except (ValueError, TypeError) as err:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
+
+from ppl_cl.configs import check_choices, check_ints, check_positive
 
 __all__ = ["ExactGPConfig"]
 
@@ -33,18 +34,7 @@ class ExactGPConfig:
     max_iterations: int = 1000
 
     def __post_init__(self) -> None:
-        if self.kernel not in ("se", "se-ard", "matern52", "matern52-ard"):
-            raise ValueError(f"kernel: expected one of se, se-ard, matern52, matern52-ard, "
-                             f"received {self.kernel!r}")
-        for name in ("variance", "lengthscale", "noise_variance"):
-            val = getattr(self, name)
-            if isinstance(val, bool) or not isinstance(val, (int, float)) \
-                    or not (math.isfinite(val) and val > 0):
-                raise ValueError(f"{name}: expected a positive number, received {val!r}")
-        if not self.min_noise_variance >= 0:
-            raise ValueError(f"min_noise_variance: expected >= 0, received "
-                             f"{self.min_noise_variance!r}")
-        if isinstance(self.max_iterations, bool) or not isinstance(self.max_iterations, int) \
-                or self.max_iterations < 1:
-            raise ValueError(f"max_iterations: expected an int >= 1, received "
-                             f"{self.max_iterations!r}")
+        check_choices(self)
+        check_positive(self, "variance", "lengthscale", "noise_variance")
+        check_positive(self, "min_noise_variance", allow_zero=True)
+        check_ints(self, "max_iterations")

@@ -76,22 +76,21 @@ FOUR_BLOBS_TASKS: tuple[tuple[int, ...], ...] = ((0, 1), (2, 3))
 """The two tasks of the toy: classes 0/1 (task 0), then 2/3 (task 1)."""
 
 
-def four_blobs(n_per_class: int = 50, seed: int | np.random.Generator = 0
-               ) -> tuple[np.ndarray, np.ndarray]:
+def four_blobs(n_per_class: int = 50, seed: int | np.random.Generator = 0,
+               shift: tuple[float, float] = (0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
     """The 2-D four-class toy data set of VAR-GP (Kapoor et al. 2021, Sect. 5, Fig. 2).
 
     The paper says only: four classes in ``[-3, 3]^2``, observed as tasks {0, 1} then {2, 3}
-    (:data:`FOUR_BLOBS_TASKS`). The reference code draws 4 Gaussian blobs of 50 points each.
-    The blob parameters (:data:`FOUR_BLOBS_MEANS`, :data:`FOUR_BLOBS_COVARIANCES`: three
-    axis-aligned blobs and one correlated one, overlapping pairwise as in Fig. 2) are those of
-    the ``ToyDataset`` of the public VAR-GP code *as recalled by the author of this module*;
-    they could not be checked against that repository offline, so compare them with
-    ``var_gp/datasets.py`` if an exact reproduction matters. Points are not truncated to the
-    square: every blob lies more than 4 standard deviations inside it.
+    (:data:`FOUR_BLOBS_TASKS`). The reference code draws 4 Gaussian blobs of 50 points each;
+    the blob parameters (:data:`FOUR_BLOBS_MEANS`, :data:`FOUR_BLOBS_COVARIANCES`: three
+    axis-aligned blobs and one correlated one) are those of ``ToyDataset`` in
+    uber-research/vargp ``var_gp/datasets.py``, which then shifts every point by
+    ``(-0.5, -1)`` (``shift``). Points are not truncated to the square.
 
     Args:
         n_per_class: points per class (reference: 50).
         seed: int seed or ``numpy.random.Generator``.
+        shift: added to every point (the reference's toy: ``(-0.5, -1)``).
 
     Returns:
         ``x`` float64 of shape ``(4 * n_per_class, 2)`` and ``y`` int64 of shape
@@ -104,7 +103,7 @@ def four_blobs(n_per_class: int = 50, seed: int | np.random.Generator = 0
         # x = mu + C eps, C C^T = Sigma (Cholesky factor, the blob's covariance)
         C = np.linalg.cholesky(np.asarray(cov, dtype=np.float64))
         eps = rng.standard_normal((n, 2))
-        xs.append(np.asarray(mean, dtype=np.float64) + eps @ C.T)
+        xs.append(np.asarray(mean, dtype=np.float64) + eps @ C.T + np.asarray(shift))
         ys.append(np.full(n, k, dtype=np.int64))
     return np.concatenate(xs), np.concatenate(ys)
 

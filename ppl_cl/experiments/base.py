@@ -44,14 +44,46 @@ from ppl_cl.persist import CheckpointError, atomic_write_text, load_tree, save_t
 from ppl_cl.progress import progress, progress_enabled
 from ppl_cl.seeding import seed_everything
 
-__all__ = ["PaperNumber", "ExperimentSpec", "RunContext", "register", "build_config",
+__all__ = ["PaperNumber", "Claim", "ExperimentSpec", "check_device", "RunContext", "register", "build_config",
            "run_spec", "registered_specs", "ConfigError", "DeviceError", "Terminated"]
 
 
 def _check_device(device: str) -> str:
     if device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):
         return device
-    raise ConfigError(f"--device: expected cpu, cuda or cuda:N, received {device!r}")
+    raise DeviceError(f"--device: expected cpu, cuda or cuda:N, received {device!r}")
+
+
+def check_device(device: str, backends: tuple[str, ...] = ("torch", "jax")) -> str:
+    """Check ``--device`` once, before any work: for ``cuda`` / ``cuda:N`` every library in
+    ``backends`` must see that GPU (torch built with CUDA and a device present; a CUDA build
+    of jaxlib); a :class:`DeviceError` names what is missing and how to install it."""
+    _check_device(device)
+    if device == "cpu":
+        return device
+    index = int(device[5:]) if ":" in device else 0
+    if "torch" in backends:
+        import torch
+
+        if not torch.cuda.is_available():
+            built = "built without CUDA" if torch.version.cuda is None else \
+                f"built for CUDA {torch.version.cuda} but sees no GPU"
+            raise DeviceError(f"--device {device}: torch {torch.__version__} is {built} (install "
+                              "a CUDA build, e.g. pip install torch --index-url "
+                              "https://download.pytorch.org/whl/cu126)")
+        if index >= torch.cuda.device_count():
+            raise DeviceError(f"--device {device}: torch sees {torch.cuda.device_count()} GPU(s)")
+    if "jax" in backends:
+        import jax
+
+        try:
+            gpus = jax.devices("gpu")
+        except RuntimeError:
+            gpus = []
+        if len(gpus) <= index:
+            raise DeviceError(f"--device {device}: JAX sees {len(gpus)} GPU(s) (install a CUDA "
+                              "build of jaxlib, e.g. pip install 'jax[cuda12]')")
+    return device
 
 
 @dataclass(frozen=True)
@@ -73,6 +105,32 @@ class PaperNumber:
         return fmt(self.value) + (f" ± {fmt(self.std)}" if self.std is not None else "")
 
 
+@dataclass(frozen=True)
+class Claim:
+    """A statement of a paper that a run's summary can check, e.g. Table 1's order of rows:
+    ``Claim("VAR-GP > Block Diag. > Global > MLE Hypers", ("final_avg_accuracy", ...))``
+    holds when the keys' values are strictly decreasing (``increasing=True``: increasing).
+    ``ppl-cl reproduce`` and ``ppl-cl report`` say for each claim whether it holds."""
+
+    text: str
+    keys: tuple[str, ...]
+    increasing: bool = False
+
+    def check(self, summary: dict[str, Any]) -> bool | None:
+        """True / False, or None when a key is missing from the summary."""
+        values = []
+        for k in self.keys:
+            v = summary.get(k)
+            if isinstance(v, dict) and "mean" in v:
+                v = v["mean"]
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                return None
+            values.append(float(v))
+        pairs = zip(values, values[1:])
+        return all(b > a for a, b in pairs) if self.increasing else \
+            all(a > b for a, b in pairs)
+
+
 @dataclass
 class ExperimentSpec:
     name: str
@@ -82,6 +140,15 @@ class ExperimentSpec:
     headline: bool = False
     paper: dict[str, PaperNumber] = field(default_factory=dict)
     description: str = ""
+    #: the summary keys of the headline table (default: those with a paper number)
+    headline_keys: tuple[str, ...] = ()
+    claims: tuple[Claim, ...] = ()
+    #: the array libraries the run uses on ``--device cuda`` ("torch", "jax")
+    backends: tuple[str, ...] = ("torch", "jax")
+
+    @property
+    def table_keys(self) -> tuple[str, ...]:
+        return tuple(self.headline_keys) or tuple(self.paper)
 
 
 _REGISTRY: dict[str, ExperimentSpec] = {}
@@ -95,8 +162,21 @@ def registered_specs() -> dict[str, ExperimentSpec]:
 
 def register(name: str, config_cls: type, *, quick: dict[str, Any] | None = None,
              headline: bool = False, paper: dict[str, PaperNumber] | None = None,
-             description: str = "") -> Callable:
-    """Decorator registering ``run(config, ctx) -> metrics`` as experiment ``name``."""
+             description: str = "", headline_keys: tuple[str, ...] = (),
+             claims: tuple[Claim, ...] = (),
+             backends: tuple[str, ...] = ("torch", "jax")) -> Callable:
+    """Decorator registering ``run(config, ctx) -> metrics`` as experiment ``name``.
+
+    Args:
+        config_cls: a dataclass whose defaults are the full (paper-sized) setting.
+        quick: overrides (dotted keys reach the learner config) for a run of about a minute.
+        headline: ``ppl-cl reproduce`` runs it.
+        paper: the paper's numbers for summary keys.
+        headline_keys: the summary keys of the report's headline table (default: ``paper``'s
+            keys); every other summary key is a diagnostic, reported apart.
+        claims: statements of the paper the summary can check (:class:`Claim`).
+        backends: the libraries checked for a GPU on ``--device cuda``.
+    """
     if not dataclasses.is_dataclass(config_cls):
         raise TypeError(f"{name}: config_cls must be a dataclass")
     field_names = {f.name for f in dataclasses.fields(config_cls)}
@@ -109,7 +189,8 @@ def register(name: str, config_cls: type, *, quick: dict[str, Any] | None = None
             raise RuntimeError(f"experiment {name!r} registered twice")
         doc = description or ((fn.__doc__ or "").strip().splitlines() or [""])[0]
         _REGISTRY[name] = ExperimentSpec(name, fn, config_cls, dict(quick or {}), headline,
-                                         dict(paper or {}), doc)
+                                         dict(paper or {}), doc, tuple(headline_keys),
+                                         tuple(claims), tuple(backends))
         return fn
 
     return deco
@@ -265,17 +346,30 @@ def _check_summary(name: str, metrics: Any) -> None:
     if not isinstance(metrics, dict) or not isinstance(metrics.get("summary"), dict):
         raise TypeError(f"{name}: run() must return a dict with a 'summary' dict")
     for k, v in metrics["summary"].items():
+        # a flat list of numbers is allowed too (a curve named by the issue, e.g. GP-Tree's
+        # summary.session_acc)
+        if isinstance(v, (list, tuple)) and all(isinstance(e, (int, float)) and
+                                                not isinstance(e, bool) for e in v):
+            continue
         if not isinstance(v, (int, float, str, bool)) and v is not None:
-            raise TypeError(f"{name}: summary[{k!r}] must be a number or string (flat), got "
-                            f"{type(v).__name__}")
+            raise TypeError(f"{name}: summary[{k!r}] must be a number, a string or a flat list "
+                            f"of numbers, got {type(v).__name__}")
 
 
 def run_spec(spec: ExperimentSpec, *, quick: bool = False, seed: int = 0, device: str = "cpu",
                    out: str | Path | None = None, overrides: dict[str, str] | None = None,
                    data_dir: str | None = None, show_progress: bool | None = None,
-                   resume: bool = False, checkpoint_every_s: float = 600.0) -> dict:
+                   resume: bool = False, checkpoint_every_s: float = 600.0,
+                   force: bool = False) -> dict:
     """Run the experiment of ``spec`` and write its run folder; returns the metrics dict
     (``ppl_cl.experiments.run_experiment(name, ...)`` looks the spec up by name).
+
+    Before any work: the config is built (unknown keys and bad values raise
+    :class:`ConfigError`), ``--device`` is checked for the libraries the experiment uses
+    (:func:`check_device`), and ``out`` must be a folder that holds no finished run (a
+    ``metrics.json``) unless ``resume`` or ``force`` (which empties it first). A run that fails
+    leaves no ``metrics.json`` (so ``ppl-cl report`` refuses the folder), only its
+    ``config.json``, ``progress.log`` (ending with why it stopped) and checkpoints.
 
     With ``resume=True`` an experiment that checkpoints its units of work (the VAR-GP streams
     do, after every task of every variant) continues from the checkpoints a stopped run with
@@ -286,10 +380,17 @@ def run_spec(spec: ExperimentSpec, *, quick: bool = False, seed: int = 0, device
     if not checkpoint_every_s >= 0:
         raise ConfigError(f"checkpoint_every_s: expected >= 0 seconds, received "
                           f"{checkpoint_every_s!r}")
-    _check_device(device)
     name = spec.name
     config = build_config(spec, quick=quick, overrides=overrides)
+    check_device(device, spec.backends)
     out_dir = Path(out) if out is not None else Path("runs") / name
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out: expected a folder for the run, received the file {out_dir}")
+    if (out_dir / "metrics.json").exists() and not resume:
+        if not force:
+            raise ConfigError(f"--out {out_dir}: holds a finished run (metrics.json); pass "
+                              "--force to replace it, --resume to continue it, or another --out")
+        shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     ctx = RunContext(out_dir=out_dir, seed=seed, device=device, quick=quick,
                      show_progress=show_progress, data_dir=data_dir, resume=resume,

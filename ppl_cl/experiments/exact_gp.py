@@ -11,10 +11,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
+from ppl_cl.configs import check_choices, check_ints
+from ppl_cl.configs.exact_gp import ExactGPConfig
 from ppl_cl.experiments.base import PaperNumber, RunContext, register
 
 GAL_SETS = ("concrete", "energy", "kin8nm", "naval-propulsion-plant", "power-plant", "yacht")
@@ -24,24 +27,26 @@ _VIPS = "Pescador-Barrios et al. 2024 (VIPS), Table 1, exact GP column"
 _VIPS_NOTE = "paper: mean over five random 80/20 splits; ours: Gal split {split} (90/10)"
 
 
-@dataclass
+@dataclass(frozen=True)
 class ExactGPUCIConfig:
     """Exact GP on one UCI regression set.
 
-    ``kernel="se"`` (isotropic SE, hyperparameters initialised to 1, noise 0.1) is the VIPS
-    benchmark setting (App. F.3); ``"se-ard"`` gives one lengthscale per input.
+    ``learner.kernel="se"`` (isotropic SE, hyperparameters initialised to 1, noise 0.1) is the
+    VIPS benchmark setting (App. F.3); ``"se-ard"`` gives one lengthscale per input.
     ``max_train`` > 0 subsamples the training part (exact GPs are O(n^3)).
     """
 
-    dataset: str = "concrete"
+    learner: ExactGPConfig = field(default_factory=lambda: ExactGPConfig(kernel="se"))
+    dataset: Literal["concrete", "energy", "kin8nm", "naval-propulsion-plant", "power-plant",
+                     "yacht", "elevators", "skillcraft", "bike"] = "concrete"
     split: int = 0
-    kernel: str = "se"
-    variance: float = 1.0
-    lengthscale: float = 1.0
-    noise_variance: float = 0.1
-    max_iterations: int = 1000
     max_train: int = 0
     posterior_draws: int = 200
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        check_ints(self, "split", "max_train", minimum=0)
+        check_ints(self, "posterior_draws")
 
 
 def _load_uci(name: str, split: int, data_dir: str | None):
@@ -54,8 +59,9 @@ def _load_uci(name: str, split: int, data_dir: str | None):
     raise ValueError(f"dataset: expected one of {GAL_SETS + EVANS_SETS}, received {name!r}")
 
 
-@register("exact-gp-uci", ExactGPUCIConfig, quick={"max_iterations": 200, "posterior_draws": 100},
-          headline=True,
+@register("exact-gp-uci", ExactGPUCIConfig, quick={"learner.max_iterations": 200,
+                                                   "posterior_draws": 100},
+          headline=True, backends=("jax",), headline_keys=("rmse", "nlpd"),
           paper={"rmse": PaperNumber(0.33, _VIPS, std=0.01, note=_VIPS_NOTE.format(split=0))},
           description="Exact GP (type-II ML) on a UCI set, RMSE / NLPD in standardized units")
 def run_exact_gp_uci(config: ExactGPUCIConfig, ctx: RunContext) -> dict:
@@ -75,9 +81,7 @@ def run_exact_gp_uci(config: ExactGPUCIConfig, ctx: RunContext) -> dict:
         x_tr, y_tr = x_tr[idx], y_tr[idx]
 
     with jax.default_device(ctx.jax_device()):
-        gp = ExactGP(kernel=config.kernel, variance=config.variance,
-                     lengthscale=config.lengthscale, noise_variance=config.noise_variance,
-                     max_iterations=config.max_iterations)
+        gp = ExactGP(config.learner)
         record = gp.update(Batch(x_tr, y_tr))
         pred = gp.predict(split.x_test)
         gp.save(ctx.out_dir / "checkpoint.npz")
@@ -112,22 +116,20 @@ def run_exact_gp_uci(config: ExactGPUCIConfig, ctx: RunContext) -> dict:
                                 if k in ("variance", "lengthscale", "noise_variance")}}
 
 
-@dataclass
+@dataclass(frozen=True)
 class ExactGPSyntheticConfig:
     """Exact GP on the VIPS speed/accuracy set (App. F.2.1: SE kernel, noise initialised 0.5)."""
 
+    learner: ExactGPConfig = field(default_factory=lambda: ExactGPConfig(kernel="se",
+                                                                         noise_variance=0.5))
     n_batches: int = 4
-    variance: float = 1.0
-    lengthscale: float = 1.0
-    noise_variance: float = 0.5
-    max_iterations: int = 1000
 
 
 _FIG2A = "Pescador-Barrios et al. 2024, Fig. 2a (VIPS curve; the text says VIPS matches the exact GP)"
 
 
-@register("exact-gp-synthetic", ExactGPSyntheticConfig, quick={"max_iterations": 300},
-          headline=True,
+@register("exact-gp-synthetic", ExactGPSyntheticConfig, quick={"learner.max_iterations": 300},
+          headline=True, backends=("jax",),
           paper={f"rmse_batch{i + 1}": PaperNumber(v, _FIG2A, note="read off the figure")
                  for i, v in enumerate((0.9, 0.6, 0.4, 0.2))},
           description="Exact GP updated batch by batch on the VIPS synthetic stream (Fig. 2a)")
@@ -146,8 +148,7 @@ def run_exact_gp_synthetic(config: ExactGPSyntheticConfig, ctx: RunContext) -> d
     fig, axes = plt.subplots(1, len(batches), figsize=(3.2 * len(batches), 2.8), sharey=True)
     axes = np.atleast_1d(axes)
     with jax.default_device(ctx.jax_device()):
-        gp = ExactGP(kernel="se", variance=config.variance, lengthscale=config.lengthscale,
-                     noise_variance=config.noise_variance, max_iterations=config.max_iterations)
+        gp = ExactGP(config.learner)
         seen = 0
         for i, batch in enumerate(ctx.progress(batches, desc="batches")):
             gp.update(batch)

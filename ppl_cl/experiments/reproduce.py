@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ppl_cl.data.root import MissingDataError
+from ppl_cl.errors import ConfigError, DeviceError
 from ppl_cl.experiments import registry, run_experiment
 from ppl_cl.persist import atomic_write_text
 
@@ -72,29 +73,59 @@ def aggregate_summaries(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 _HEADER = "| experiment | metric | ours | paper | source |"
 _RULE = "|---|---|---|---|---|"
+_DIAG_HEADER = "| experiment | quantity | value |"
+_DIAG_RULE = "|---|---|---|"
 
 
 def _overrides_text(overrides: dict[str, Any]) -> str:
     return ", ".join(f"`{k}={v}`" for k, v in overrides.items())
 
 
-def _rows(name: str, paper: dict, summary: dict[str, Any], label: str | None = None) -> list[str]:
-    """Table rows: the keys with a paper number first, then the rest of the summary."""
-    lines = []
-    for key in list(paper) + [k for k in summary if k not in paper]:
-        ours = summary.get(key, "—")
-        ref = paper.get(key)
-        src = (ref.source + (f"; {ref.note}" if ref.note else "")) if ref else ""
-        lines.append(f"| {label or name} | {key} | {_fmt(ours)} | "
-                     f"{ref.format() if ref else '—'} | {src} |")
-    return lines
+class _Sections:
+    """The three parts of a report: the headline table (each experiment's declared headline
+    keys beside the paper's numbers), the papers' claims checked on the numbers, and the
+    diagnostics (every other summary value: sizes, iterations, times...)."""
+
+    def __init__(self) -> None:
+        self.headline = [_HEADER, _RULE]
+        self.claims: list[str] = []
+        self.diagnostics = [_DIAG_HEADER, _DIAG_RULE]
+
+    def add(self, spec: Any, name: str, summary: dict[str, Any], label: str | None = None
+            ) -> None:
+        label = label or name
+        paper = spec.paper if spec is not None else {}
+        keys = list(spec.table_keys) if spec is not None else []
+        for key in keys:
+            ref = paper.get(key)
+            src = (ref.source + (f"; {ref.note}" if ref.note else "")) if ref else ""
+            self.headline.append(f"| {label} | {key} | {_fmt(summary.get(key, '—'))} | "
+                                 f"{ref.format() if ref else '—'} | {src} |")
+        for claim in (spec.claims if spec is not None else ()):
+            ok = claim.check(summary)
+            values = ", ".join(_fmt(summary.get(k, "—")) for k in claim.keys)
+            verdict = {True: "holds", False: "does not hold", None: "not measured"}[ok]
+            self.claims.append(f"- {label}: {claim.text} — {verdict} here ({values}).")
+        for key in [k for k in summary if k not in keys]:
+            self.diagnostics.append(f"| {label} | {key} | {_fmt(summary[key])} |")
+
+    def missing(self, name: str, status: str, error: str) -> None:
+        self.headline.append(f"| {name} | — | not run ({status}) | — | {error[:200]} |")
+
+    def lines(self) -> list[str]:
+        out = ["## Headline numbers", "", *self.headline, ""]
+        if self.claims:
+            out += ["## The papers' claims, checked on these numbers", "", *self.claims, ""]
+        out += ["## Diagnostics", "", *self.diagnostics]
+        return out
 
 
 def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: int = 0,
               seeds: Sequence[int] | None = None, device: str = "cpu",
               only: list[str] | None = None, overrides: dict[str, str] | None = None,
               data_dir: str | None = None, show_progress: bool | None = None,
-              resume: bool = False, checkpoint_every_s: float = 600.0) -> dict:
+              resume: bool = False, checkpoint_every_s: float = 600.0,
+              force: bool = False) -> dict:
     """Run every headline experiment (or ``only`` those) into ``out/<name>/`` (one folder per
     seed when ``seeds`` has several); write ``out/report.md`` and ``out/reproduce.json``.
 
@@ -104,6 +135,10 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
         resume: continue stopped runs from their checkpoints (see ``run_experiment``).
         checkpoint_every_s: seconds between snapshots within a unit of work (see
             ``run_experiment``).
+        force: replace finished runs in ``out`` (otherwise they are refused).
+
+    Raises:
+        ConfigError: ``only`` names an experiment that is not registered.
 
     Returns:
         ``{"results": ..., "failed": [...]}``; with several seeds each ok result carries
@@ -111,7 +146,12 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
     """
     out = Path(out)
     seeds = list(seeds) if seeds else [seed]
-    specs = [s for s in registry().values() if s.headline or (only and s.name in only)]
+    reg = registry()
+    unknown = sorted(set(only or ()) - set(reg))
+    if unknown:
+        raise ConfigError(f"--only: unknown experiment(s) {', '.join(unknown)}; `ppl-cl list` "
+                          f"shows: {', '.join(sorted(reg))}")
+    specs = [s for s in reg.values() if s.headline or (only and s.name in only)]
     specs = [s for s in specs if not only or s.name in only]
     results, failed = {}, []
     for spec in sorted(specs, key=lambda s: s.name):
@@ -121,7 +161,7 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
                                    else out / spec.name / f"seed{s}",
                                    overrides=overrides, data_dir=data_dir,
                                    show_progress=show_progress, resume=resume,
-                                   checkpoint_every_s=checkpoint_every_s)
+                                   checkpoint_every_s=checkpoint_every_s, force=force)
                     for s in seeds]
             if len(runs) == 1:
                 results[spec.name] = {"status": "ok", "summary": runs[0]["summary"],
@@ -134,6 +174,8 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
                     "wall_time_s": sum(r["wall_time_s"] for r in runs)}
         except MissingDataError as err:
             results[spec.name] = {"status": "missing data", "error": str(err)}
+        except (ConfigError, DeviceError):
+            raise                      # the command's arguments are wrong: stop at once
         except Exception as err:  # report, keep going, fail at the end
             failed.append(spec.name)
             results[spec.name] = {"status": "error", "error": f"{type(err).__name__}: {err}",
@@ -142,19 +184,21 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
     size = "quick" if quick else "full"
     seed_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
     lines = [f"# ppl_cl reproduction report ({size} sizes, {seed_text})", "",
-             "Numbers measured by this run, beside the papers' (source cited per row). Quick",
-             "sizes are smaller than the papers' settings: compare orders, not digits."]
+             "Numbers measured by this run, beside the papers' (source cited per row)."]
+    if quick:
+        lines.append("Quick sizes are far smaller than the papers' settings; the claims section "
+                     "says which of the papers' statements hold at these sizes.")
     if overrides:
         lines.append(f"Config overrides: {_overrides_text(overrides)}.")
-    lines += ["", _HEADER, _RULE]
+    lines.append("")
+    sections = _Sections()
     for spec in sorted(specs, key=lambda s: s.name):
         res = results[spec.name]
         if res["status"] != "ok":
-            lines.append(f"| {spec.name} | — | not run ({res['status']}) | — | "
-                         f"{res['error'].splitlines()[0][:200]} |")
+            sections.missing(spec.name, res["status"], res["error"].splitlines()[0])
             continue
-        lines += _rows(spec.name, spec.paper, res["summary"])
-    atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
+        sections.add(spec, spec.name, res["summary"])
+    atomic_write_text(out / "report.md", "\n".join(lines + sections.lines()) + "\n")
     atomic_write_text(out / "reproduce.json", json.dumps(results, indent=2, default=str))
     return {"results": results, "failed": failed}
 
@@ -242,7 +286,7 @@ def collect(run_dirs: Sequence[str | Path], out: str | Path, notes: str | None =
              "Numbers measured by the listed runs (mean ± std over seeds, std with ddof = 1),",
              "beside the papers' (source cited per row). Settings per group below; runs with",
              "overrides differ from the papers' settings as stated.", ""]
-    table = [_HEADER, _RULE]
+    sections = _Sections()
     for i, ((name, quick, overrides), runs) in enumerate(sorted(groups.items()), start=1):
         runs.sort(key=lambda r: r["seed"])
         seeds = [r["seed"] for r in runs]
@@ -254,13 +298,12 @@ def collect(run_dirs: Sequence[str | Path], out: str | Path, notes: str | None =
         lines.append(f"[{i}] {name}: {'quick' if quick else 'full'} sizes, seeds "
                      f"{', '.join(map(str, seeds))}, "
                      + (f"overrides {_overrides_text(ov)}" if ov else "no overrides") + ".")
-        spec = reg.get(name)
-        table += _rows(name, spec.paper if spec else {}, summary, label=label)
+        sections.add(reg.get(name), name, summary, label=label)
         results[label] = {"experiment": name, "quick": quick, "overrides": ov, "seeds": seeds,
                           "runs": [r["dir"] for r in runs], "summary": summary,
                           "per_seed": [r["summary"] for r in runs]}
     atomic_write_text(out / "report.md",
-                      "\n".join(lines + [""] + table) + "\n" + notes_section(notes))
+                      "\n".join(lines + [""] + sections.lines()) + "\n" + notes_section(notes))
     saved = results if notes is None else {**results, "notes": notes}
     atomic_write_text(out / "reproduce.json", json.dumps(saved, indent=2, default=str))
     return results

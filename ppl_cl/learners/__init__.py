@@ -22,6 +22,16 @@ LEARNERS: dict[str, tuple[str, str]] = {
     "kalman-classifier": ("ppl_cl.learners.kalman", "KalmanClassifier"),
     "kalman-regressor": ("ppl_cl.learners.kalman", "KalmanRegressor"),
     "online-sgd-classifier": ("ppl_cl.learners.online_sgd", "OnlineSGDClassifier"),
+    "online-sgpr": ("ppl_cl.learners.vips", "OnlineSGPR"),
+    "gp-tree": ("ppl_cl.learners.gp_tree", "GPTree"),
+    "sbm-gp": ("ppl_cl.learners.gp_tree", "SBMGP"),
+    "lsm-gibbs": ("ppl_cl.learners.pg_baselines", "LSMGibbsClassifier"),
+    "ove-gibbs": ("ppl_cl.learners.pg_baselines", "OVEGibbsClassifier"),
+    "gp-ella": ("ppl_cl.learners.gp_ella", "GPELLA"),
+    "gp-ella-individual-gps": ("ppl_cl.learners.gp_ella_baselines", "IndividualGPs"),
+    "gp-ella-shared-gp": ("ppl_cl.learners.gp_ella_baselines", "SharedGP"),
+    "gp-ella-mtgp": ("ppl_cl.learners.gp_ella_baselines", "MultiTaskGP"),
+    "gp-ella-linear-ella": ("ppl_cl.learners.gp_ella_baselines", "LinearELLA"),
 }
 
 

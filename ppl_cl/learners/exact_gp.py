@@ -98,7 +98,7 @@ class ExactGP(Learner):
         import jax.numpy as jnp
 
         from inference.type2ml import fit_type2ml
-        from models.exact_gp import GPRegressionParams, log_marginal_likelihood
+        from models.exact_gp import GPRegressionParams, negative_log_marginal_likelihood
 
         check_batch(batch).validate(input_dim=self.input_dim, regression=True)
         x_new = as_numpy(batch.x).astype(np.float64)
@@ -114,7 +114,7 @@ class ExactGP(Learner):
             floor = GPRegressionParams(  # no floors on kernel hyperparameters, one on the noise
                 kernel=jax.tree_util.tree_map(lambda _: 0.0, params.kernel),
                 noise_variance=self.config.min_noise_variance)
-            result = fit_type2ml(lambda p: -log_marginal_likelihood(p, Xj, yj), params,
+            result = fit_type2ml(negative_log_marginal_likelihood, params, data=(Xj, yj),
                                  lower_bounds=floor, max_iterations=self.config.max_iterations)
             params = result.params
             record.update(log_marginal_likelihood=-result.value,
@@ -130,6 +130,7 @@ class ExactGP(Learner):
     def predict(self, x: Any, task_id: int | None = None, *, latent: bool = False,
                 full_cov: bool = False):
         """Gaussian predictive at ``x (n, d)``; ``latent=True`` excludes the noise variance.
+        Before any update it is the GP prior's at the starting hyperparameters.
 
         With ``full_cov=True`` returns ``(mean (n,), covariance (n, n))`` NumPy arrays instead.
         """
@@ -137,12 +138,18 @@ class ExactGP(Learner):
 
         from models.exact_gp import posterior_predictive
 
-        if self._posterior is None:
-            raise self._not_fitted("predict")
         xb = Batch(x).validate(input_dim=self.input_dim, require_targets=False, allow_empty=True)
-        mean, var = posterior_predictive(self._params, self._posterior,
-                                         jnp.asarray(as_numpy(xb.x), jnp.float64),
-                                         include_noise=not latent, full_cov=full_cov)
+        xj = jnp.asarray(as_numpy(xb.x), jnp.float64)
+        if self._posterior is None:          # the prior predictive at the starting values
+            params = self._initial_params(xj.shape[1])
+            K = params.kernel(xj)
+            noise = params.noise_variance * jnp.eye(xj.shape[0]) if not latent else 0.0
+            mean, var = jnp.zeros(xj.shape[0]), K + noise
+            if not full_cov:
+                var = jnp.diagonal(var)
+        else:
+            mean, var = posterior_predictive(self._params, self._posterior, xj,
+                                             include_noise=not latent, full_cov=full_cov)
         if full_cov:
             return np.asarray(mean), np.asarray(var)
         return GaussianPredictive(np.asarray(mean), np.asarray(var))

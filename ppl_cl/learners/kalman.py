@@ -16,8 +16,8 @@ Protocol (DESIGN.md): a stream of chunks; ``predict(x)`` uses the statistics bef
 :class:`inference.kalman_finetune.KalmanFinetune` (replay, the (theta, alpha) step, the
 recursion; the representation is :mod:`models.feature_networks`). The filter's prior
 ``(M_0, A_0)`` is a state like any other, so ``predict`` before the first ``update`` gives the
-prior predictive (the prequential protocol scores the first chunk with it); only a learner whose
-``input_dim`` is not known yet raises :class:`ppl_cl.errors.NotFittedError`.
+prior predictive (the prequential protocol scores the first chunk with it), built from the
+config and the width of ``x``.
 
 Randomness: every chunk's keys are ``fold_in(PRNGKey(seed), chunk_index)`` so a run resumed from
 a checkpoint draws exactly what the uninterrupted run draws. ``predict`` does not advance it.
@@ -296,7 +296,9 @@ class _KalmanLearner(ChunkLearner):
         """The engine's prediction for ``x``, or ``None`` when ``x`` has no rows."""
         batch = self._validate(Batch(x), require_targets=False)
         if self._state is None:
-            raise self._not_fitted("predict (input_dim is not known yet)")
+            # the prior state follows from the config and x's width alone (the state the first
+            # update would build): predict gives the prior predictive
+            self._build(int(batch.x.shape[1]))
         if len(batch) == 0:
             return None
         _, predict, _, _ = self._functions()

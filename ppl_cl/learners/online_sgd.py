@@ -81,8 +81,8 @@ class OnlineSGDClassifier(ChunkLearner):
 
     def predict(self, x: Any, task_id: int | None = None) -> CategoricalPredictive:
         batch = self._validate(Batch(x), require_targets=False)
-        if self._state is None:
-            raise self._not_fitted("predict (input_dim is not known yet)")
+        if self._state is None:          # the network at its seeded start: the prior predictive
+            self._build(int(batch.x.shape[1]))
         if len(batch) == 0:
             return CategoricalPredictive(np.zeros((0, self.num_classes)))
         xj, _ = batch.jax(self._dtype)

@@ -1,5 +1,6 @@
 """VAR-GP learner (Kapoor, Karaletsos & Bui, ICML 2021): the model and guides of
-:mod:`models.vargp` trained task after task by :class:`inference.svi.ContinualSVI`.
+:mod:`models.vargp` trained task after task by the SVI engine (:class:`inference.svi.SVI`) in
+the run loop (:func:`inference.loop.run_loop`).
 
 ``update(task)`` validates the task (and the optional validation batch) first, then trains the
 new task's parameters ``Z_t, m_t, L_t`` and ``q_t(theta)`` with the old tasks' parameters frozen
@@ -19,219 +20,112 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from inference.svi import ContinualSVI, SVIConfig
-from models.vargp import (GUIDES, HYPERPARAMETER_MODES, MAX_PLATE_NESTING, HyperPosterior,
-                          InducingSet, SoftmaxLikelihood, VARGPModel, carry_forward_global_set,
-                          init_inducing_set,
-                          median_heuristic_theta, posterior_factors, predictive_probabilities,
-                          prior_conditional_scale_tril, standard_hyper_prior)
-from models.vargp_math import concat_inducing_inputs, f_marginals, task_slices
+from inference.loop import (LoopConfig, NoImprovement, Plateau, run_loop, state_from_tree,
+                            state_to_tree)
+from inference.svi import SVI
+from inference.yogi import YogiConfig
+from models.vargp import (MAX_PLATE_NESTING, HyperPosterior, Hyperparameters, InducingSet,
+                          PointHyperparameters, posterior_factors, predictive_probabilities,
+                          task_program)
+from models.vargp_math import (concat_inducing_inputs, f_marginals, kernel_theta, mc_softmax,
+                               task_slices)
 from ppl_cl.batch import Batch, as_numpy
-from ppl_cl.learner import Learner
+from ppl_cl.configs.vargp import VARGPConfig
+from ppl_cl.learner import Learner, check_batch
 from ppl_cl.predictive import CategoricalPredictive
 from ppl_cl.progress import progress_enabled
 
-__all__ = ["VARGP"]
+__all__ = ["VARGP", "VARGPConfig", "check_torch_device"]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def _as_batch(data: Any, name: str) -> Batch:
-    if isinstance(data, Batch):
-        return data
-    if isinstance(data, tuple) and len(data) == 2:
-        return Batch(*data)
-    raise TypeError(f"{name}: expected a Batch / Task or an (x, y) tuple, received "
-                    f"{type(data).__name__}")
+def check_torch_device(device: str) -> torch.device:
+    """``torch.device(device)``, or a ``ValueError`` with the install hint when this torch
+    has no CUDA or sees no such GPU."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r}: this torch ({torch.__version__}) sees no CUDA "
+                             "device (a CUDA build of torch and a GPU are needed, e.g. "
+                             "pip install torch --index-url https://download.pytorch.org/whl/cu126)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device={device!r}: torch sees {torch.cuda.device_count()} GPU(s)")
+    return dev
 
 
 class VARGP(Learner):
     """Variational Auto-Regressive GP classifier for continual learning (single head).
 
-    Args:
-        num_classes: K (one GP per class, softmax likelihood).
-        inducing_per_task: M per task and class (ref: 60 Split MNIST, 100 Permuted MNIST,
-            20 toy).
-        guide: ``"autoregressive"`` (VAR-GP), ``"block_diagonal"`` or ``"global"`` (ablations).
-        hyperparameters: ``"variational"`` (q(theta), prior N(0, I)), ``"point"`` (MLE) or
-            ``"fixed"`` (theta stays at its initial value; a diagnostic of forgetting through
-            theta, not a Table 1 row).
-        beta: tempering of ``KL[q_t(theta) || q_{t-1}(theta)]`` (ref: 10 Split, 1.64 Permuted,
-            1 toy).
-        learning_rate, batch_size, max_epochs, patience, tolerance: Algorithm 1 (ref: Yogi,
-            batch 512, at most 500 epochs, patience 200, tolerance 1e-4).
-        restore_best: end a task with the parameters of its best validation epoch (default),
-            or, with ``False``, with those of its last epoch, as Algorithm 1 does (it has no
-            restore step). Only matters when ``update`` gets a validation batch.
-        num_theta_samples: theta draws per ELBO evaluation (ref: 3).
-        num_f_samples: f draws per theta draw in the ELBO and in prediction (ref: 10).
-        num_predict_samples: theta draws for prediction (App. A.1; ref: 10).
-        theta_init: where the mean of q_1(theta) (or the point theta) starts: ``"median"`` —
-            log-lengthscales at the log median pairwise distance of the first task's inputs
-            (:func:`models.vargp.median_heuristic_theta`; needed on MNIST, where l = 1 makes
-            every kernel value vanish), log-variance 0 — or ``"prior"`` (all zeros, the prior
-            mean). The prior stays N(0, I) either way. Later tasks start from q_{t-1}(theta).
-        theta_init_scale: initial standard deviation of q_1(theta), as a multiple of the prior's
-            (1). It matters: with few optimizer steps per task q(theta)'s scale stays near it and
-            sets how tightly later tasks hold theta (Split MNIST uses 1e-3, chosen on validation
-            data; ``benchmarks/results/vargp_split_mnist_theta_init_scale.md``).
-        ard: one lengthscale per input feature (Sect. 4.3: "log-ARD lengthscales"; theta has
-            ``D + 1`` entries) or, with ``False``, a single lengthscale (eq. 20 as printed, one
-            ``sigma``; theta has 2 entries). The median-heuristic start is the same number for
-            every lengthscale, so the two kernels start equal and differ in what can drift.
-        per_class_hyperparameters: one theta per class GP instead of one shared theta.
-        per_class_inducing_inputs: independent ``Z_t`` per class GP (reference code) or one
-            ``Z_t`` shared by the K GPs.
-        learn_inducing_inputs: optimize ``Z_t`` (Algorithm 1 does).
-        scale_tril_init: initial ``L_t``: ``"prior"`` — the Cholesky factor of the prior
-            conditional covariance ``C_t`` at the mean of ``q_{t-1}(theta)`` (identity in
-            whitened coordinates) — or ``"identity"`` (the paper's words; equal to "prior" when
-            ``K_ZZ = I``, but a huge initial KL when inducing inputs are close; see
-            :func:`models.vargp.prior_conditional_scale_tril`).
-        global_init: where the single inducing set of ``guide="global"`` starts at task
-            ``t > 1``: ``"task"`` — a random subset of task t's inputs with ``q(u_t)`` at the
-            prior (Algorithm 1, line 1, as for every other guide) — or ``"previous"`` — a random
-            ``round(M (t-1) / t)`` rows of ``Z_{t-1}`` (so every task seen keeps about M / t of
-            the M inducing inputs) plus fresh task inputs, with ``q(u_t)`` at the previous
-            posterior carried to them (:func:`models.vargp.carry_forward_global_set`; the
-            streaming sparse GP of Bui et al. 2017). App. B.1 does not say which.
-        jitter: relative jitter on ``K_ZZ`` (None: 1e-5 in float32, 1e-8 in float64).
-        optimizer: ``"yogi"`` (paper) or ``"adam"``.
-        seed: seeds inducing-point initialization, minibatches and every Monte Carlo draw.
-        device: torch device; dtype: ``"float32"`` or ``"float64"``.
-        progress: show progress bars (None: when stderr is a terminal / ``PPL_CL_PROGRESS``).
+    Built from a :class:`~ppl_cl.configs.vargp.VARGPConfig` (``VARGP()`` is the validated
+    Split MNIST setting; ``VARGP(num_classes=4, beta=1.0)`` replaces fields). Each ``update``
+    builds the task's Pyro program (:func:`models.vargp.task_program`), trains it with the SVI
+    engine (:class:`inference.svi.SVI`) in the run loop (:func:`inference.loop.run_loop`:
+    minibatches, Algorithm 1's early stopping on the validation accuracy, best-or-last epoch),
+    and commits the new inducing set and ``q_t(theta)`` only when training succeeded.
     """
 
     learner_name = "vargp"
+    config_cls = VARGPConfig
 
-    def __init__(self, num_classes: int, *, inducing_per_task: int = 60,
-                 guide: str = "autoregressive", hyperparameters: str = "variational",
-                 beta: float = 1.0, learning_rate: float = 3e-3, batch_size: int = 512,
-                 max_epochs: int = 500, patience: int = 200, tolerance: float = 1e-4,
-                 restore_best: bool = True, num_theta_samples: int = 3, num_f_samples: int = 10,
-                 num_predict_samples: int = 10, theta_init: str = "median",
-                 theta_init_scale: float = 0.1, ard: bool = True,
-                 per_class_hyperparameters: bool = False, per_class_inducing_inputs: bool = True,
-                 learn_inducing_inputs: bool = True, scale_tril_init: str = "prior",
-                 global_init: str = "task", jitter: float | None = None,
-                 optimizer: str = "yogi", seed: int = 0, device: str = "cpu",
-                 dtype: str = "float32", progress: bool | None = None):
-        if not isinstance(num_classes, (int, np.integer)) or num_classes < 2:
-            raise ValueError(f"num_classes: expected an int >= 2, received {num_classes!r}")
-        if guide not in GUIDES:
-            raise ValueError(f"guide: expected one of {GUIDES}, received {guide!r}")
-        if hyperparameters not in HYPERPARAMETER_MODES:
-            raise ValueError(f"hyperparameters: expected one of {HYPERPARAMETER_MODES}, "
-                             f"received {hyperparameters!r}")
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, received {dtype!r}")
-        for name, value in (("inducing_per_task", inducing_per_task),
-                            ("num_theta_samples", num_theta_samples),
-                            ("num_f_samples", num_f_samples),
-                            ("num_predict_samples", num_predict_samples)):
-            if not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name}: expected an int >= 1, received {value!r}")
-        if theta_init not in ("median", "prior"):
-            raise ValueError(f"theta_init: expected 'median' or 'prior', received {theta_init!r}")
-        if scale_tril_init not in ("prior", "identity"):
-            raise ValueError(f"scale_tril_init: expected 'prior' or 'identity', received "
-                             f"{scale_tril_init!r}")
-        if global_init not in ("task", "previous"):
-            raise ValueError(f"global_init: expected 'task' or 'previous', received "
-                             f"{global_init!r}")
-        if not theta_init_scale > 0:
-            raise ValueError(f"theta_init_scale: expected > 0, received {theta_init_scale}")
-        super().__init__(num_classes=int(num_classes), inducing_per_task=int(inducing_per_task),
-                         guide=guide, hyperparameters=hyperparameters, beta=float(beta),
-                         learning_rate=float(learning_rate), batch_size=int(batch_size),
-                         max_epochs=int(max_epochs), patience=int(patience),
-                         tolerance=float(tolerance), restore_best=bool(restore_best),
-                         num_theta_samples=int(num_theta_samples),
-                         num_f_samples=int(num_f_samples),
-                         num_predict_samples=int(num_predict_samples),
-                         theta_init=theta_init, theta_init_scale=float(theta_init_scale),
-                         ard=bool(ard), per_class_hyperparameters=bool(per_class_hyperparameters),
-                         per_class_inducing_inputs=bool(per_class_inducing_inputs),
-                         learn_inducing_inputs=bool(learn_inducing_inputs),
-                         scale_tril_init=scale_tril_init, global_init=global_init,
-                         jitter=jitter,
-                         optimizer=optimizer, seed=int(seed), device=str(device), dtype=dtype,
-                         progress=progress)
-        self._svi_config(1)  # validates the engine settings now, not at the first update
-        self.num_classes = int(num_classes)
-        self.device = torch.device(device)
-        self.dtype = _DTYPES[dtype]
-        self.jitter = float(jitter) if jitter is not None else (
-            1e-5 if self.dtype == torch.float32 else 1e-8)
+    def __init__(self, config: VARGPConfig | None = None, /, **overrides: Any):
+        super().__init__(config, **overrides)
+        c = self.config
+        self.num_classes = c.num_classes
+        self.device = check_torch_device(c.device)
+        self.dtype = _DTYPES[c.dtype]
+        self.jitter = float(c.jitter)
         self.input_dim: int | None = None
         self.tasks: list[InducingSet] = []
-        self.hyper: HyperPosterior | torch.Tensor | None = None
+        self.hyper: Hyperparameters | None = None
         self.num_updates = 0
         self.history: list[dict[str, Any]] = []
 
     # -- helpers -------------------------------------------------------------------------------
     def _seed(self, purpose: int, index: int = 0) -> int:
-        return (self.config["seed"] * 1_000_003 + purpose * 10_007 + index) % (2**63 - 1)
+        return (self.config.seed * 1_000_003 + purpose * 10_007 + index) % (2**63 - 1)
 
-    def _svi_config(self, task_index: int) -> SVIConfig:
-        c = self.config
-        progress = c["progress"] if c["progress"] is not None else progress_enabled()
-        return SVIConfig(learning_rate=c["learning_rate"], batch_size=c["batch_size"],
-                         max_epochs=c["max_epochs"], patience=c["patience"],
-                         tolerance=c["tolerance"], optimizer=c["optimizer"],
-                         restore_best=c["restore_best"],
-                         max_plate_nesting=MAX_PLATE_NESTING, seed=self._seed(1, task_index),
-                         progress=bool(progress))
-
-    def _num_hyper_sets(self) -> int:
-        return self.num_classes if self.config["per_class_hyperparameters"] else 1
-
-    def _num_lengthscales(self, input_dim: int) -> int:
-        return input_dim if self.config["ard"] else 1
-
-    def _initial_hyper(self, x: torch.Tensor) -> HyperPosterior | torch.Tensor:
-        if self.hyper is not None:
-            return self.hyper
-        prior = standard_hyper_prior(self._num_hyper_sets(), self._num_lengthscales(self.input_dim),
-                                     self.dtype, self.device)
-        loc = prior.loc
-        if self.config["theta_init"] == "median":
-            loc = median_heuristic_theta(x, self._num_hyper_sets(),
-                                         generator=torch.Generator().manual_seed(self._seed(5)),
-                                         ard=self.config["ard"])
-        if self.config["hyperparameters"] != "variational":
-            return loc
-        return HyperPosterior(loc, prior.scale * self.config["theta_init_scale"])
-
-    def _prediction_sets(self) -> list[InducingSet]:
-        return list(self.tasks)
-
-    def _probs(self, x: torch.Tensor, sets, hyper, seed: int) -> torch.Tensor:
+    def _probs(self, x: torch.Tensor, sets, hyper: Hyperparameters, seed: int) -> torch.Tensor:
         c = self.config
         return predictive_probabilities(
-            x, sets, hyper, guide=c["guide"], jitter=self.jitter,
-            num_theta_samples=c["num_predict_samples"], num_f_samples=c["num_f_samples"],
+            x, sets, hyper, guide=c.guide, jitter=self.jitter, amplitude=c.amplitude,
+            num_theta_samples=c.num_predict_samples, num_f_samples=c.num_predict_f_samples,
             generator=torch.Generator().manual_seed(seed))
 
+    def program(self, x: torch.Tensor):
+        """The Pyro program (``model``/``guide``) of the next task on inputs ``x``, from the
+        current state (:func:`models.vargp.task_program`)."""
+        c = self.config
+        t = self.num_updates + 1
+        return task_program(
+            x, self.tasks, self.hyper, num_classes=c.num_classes,
+            num_inducing=c.inducing_per_task, guide=c.guide,
+            point_hyperparameters=c.hyperparameters == "point", beta=c.beta,
+            num_theta_samples=c.num_theta_samples, num_f_samples=c.num_f_samples, ard=c.ard,
+            jitter=self.jitter, amplitude=c.amplitude,
+            inducing_generator=torch.Generator().manual_seed(self._seed(2, t)),
+            theta_generator=torch.Generator().manual_seed(self._seed(5, t)))
+
     # -- the protocol --------------------------------------------------------------------------
-    def update(self, batch: Batch, validation: Batch | tuple | None = None, *,
-               checkpoint: Callable[[dict[str, Any]], None] | None = None,
-               checkpoint_every_s: float = 600.0,
+    def update(self, batch: Batch, validation: Batch | None = None, *,
+               snapshot: Callable[[dict[str, Any]], None] | None = None,
+               snapshot_every_s: float = 600.0,
                resume: dict[str, Any] | None = None) -> dict[str, Any]:
         """Train on the next task (Algorithm 1); old tasks' parameters stay frozen.
 
         Args:
             batch: the task's training data (``x (N, D)``, integer labels ``y (N,)`` in
                 ``0..K-1``).
-            validation: optional held-out batch for early stopping on its accuracy (Algorithm
-                1) and, with ``restore_best``, for restoring the best epoch; without it the
-                run lasts ``max_epochs`` and keeps the last parameters.
-            checkpoint: called during the task, every ``checkpoint_every_s`` seconds at an
-                epoch's end, with ``{"task": t, "fit": snapshot}`` (a tree for
-                :func:`ppl_cl.persist.save_tree`; see ``inference.svi.ContinualSVI.fit``).
+            validation: optional held-out batch for early stopping on its accuracy
+                (``config.stopping``; the experiments pass the validation images of every
+                class seen so far); without it the run lasts ``max_epochs``. The last epoch's
+                parameters are kept either way.
+            snapshot: called during the task, every ``snapshot_every_s`` seconds at an epoch's
+                end, with ``{"task": t, "loop": tree}`` (the run loop's state as a tree for
+                :func:`ppl_cl.persist.save_tree`).
             resume: such a tree, saved while this learner (same config and state) trained
-                task ``t``: training continues after the snapshot's epoch and ends as the
-                uninterrupted update does.
+                task ``t``: training continues after its epoch and ends as the uninterrupted
+                update does.
 
         Returns:
             ``task``, ``epochs``, ``steps``, ``best_epoch``, ``best_validation``,
@@ -244,113 +138,81 @@ class VARGP(Learner):
             a changed feature dimension, an empty task or non-finite inputs;
             ``inference.svi.NonFiniteLossError`` if training diverges (state unchanged).
         """
-        batch = _as_batch(batch, "batch")
+        batch = check_batch(batch)
         K = self.num_classes
         batch.validate(input_dim=self.input_dim, num_classes=K, require_targets=True)
         if validation is not None:
-            validation = _as_batch(validation, "validation")
-            validation.validate(input_dim=batch.input_dim, num_classes=K, require_targets=True)
+            check_batch(validation, "validation").validate(
+                input_dim=batch.input_dim, num_classes=K, require_targets=True)
         c = self.config
         t = self.num_updates + 1
         if resume is not None and int(resume.get("task", -1)) != t:
             raise ValueError(f"resume: the snapshot was saved during task {resume.get('task')}, "
                              f"this update trains task {t}")
         x, y = batch.torch(self.device, self.dtype)
-        input_dim_before = self.input_dim
-        self.input_dim = batch.input_dim  # needed by _initial_hyper; restored on failure
-        try:
-            past = self.tasks[-1:] if c["guide"] == "global" else self.tasks
-            hyper_init = self._initial_hyper(x)
-            M = c["inducing_per_task"]
-            generator = torch.Generator().manual_seed(self._seed(2, t))
-            if c["guide"] == "global" and c["global_init"] == "previous" and past:
-                init = carry_forward_global_set(
-                    x, past[0], _theta_mean(hyper_init), M, keep=round(M * (t - 1) / t),
-                    jitter=self.jitter, generator=generator)
-            else:
-                init = init_inducing_set(x, K, M,
-                                         per_class_inputs=c["per_class_inducing_inputs"],
-                                         generator=generator)
-                if c["scale_tril_init"] == "prior":
-                    init = init._replace(scale_tril=prior_conditional_scale_tril(
-                        _theta_mean(hyper_init), [] if c["guide"] == "global" else past,
-                        init.inducing_inputs, K, self.jitter))
-            program = self.program(past, init, hyper_init)
-            validate = None
-            if validation is not None:
-                xv, yv = validation.torch(self.device, self.dtype)
-                val_seed = self._seed(3, t)
+        N = int(x.shape[0])
+        program = self.program(x)
+        engine = SVI(program.model, program.guide, YogiConfig(learning_rate=c.learning_rate),
+                     model_kwargs={"num_data": N}, max_plate_nesting=MAX_PLATE_NESTING,
+                     device=self.device)
+        seed = self._seed(1, t)
+        B = min(N, c.batch_size)
+        state = engine.init(seed, x[:B], y[:B])
+        validate = None
+        if validation is not None and c.stopping != "none":
+            xv, yv = validation.torch(self.device, self.dtype)
+            val_seed = self._seed(3, t)
 
-                def validate() -> float:
-                    sets, hyper = program.current_state()
-                    probs = self._probs(xv, sets, hyper, val_seed)
-                    return float((probs.argmax(-1) == yv).to(torch.float64).mean())
+            def validate(s) -> float:
+                return program.accuracy(engine.constrained(s), xv, yv,
+                                        num_theta_samples=c.num_theta_samples,
+                                        num_f_samples=c.num_f_samples,
+                                        generator=torch.Generator().manual_seed(val_seed))
 
-            engine = ContinualSVI(program.model, program.guide, self._svi_config(t))
-            result = engine.fit(
-                (x, y), validate=validate, desc=f"VAR-GP task {t}",
-                checkpoint=None if checkpoint is None else (
-                    lambda snap: checkpoint({"task": t, "fit": snap})),
-                checkpoint_every_s=checkpoint_every_s,
-                resume=None if resume is None else resume["fit"])
-        except BaseException:
-            self.input_dim = input_dim_before
-            raise
-        new_set, new_hyper = self._from_params(result.params, init, hyper_init)
-        # commit (nothing above touched the state except input_dim)
-        self.tasks = [new_set] if c["guide"] == "global" else [*self.tasks, new_set]
-        self.hyper = new_hyper
+        progress = c.progress if c.progress is not None else progress_enabled()
+        stopping = {"code": NoImprovement(c.patience, c.tolerance),
+                    "algorithm1": Plateau(c.patience, c.tolerance), "none": None}[c.stopping]
+        loop = LoopConfig(batch_size=c.batch_size, max_epochs=c.max_epochs,
+                          validate_every=c.validate_every if c.stopping == "code" else 1,
+                          stopping=stopping, keep="last", seed=seed, progress=bool(progress),
+                          desc=f"VAR-GP task {t}")
+        result = run_loop(
+            engine, state, (x, y), loop, validate=validate,
+            snapshot=None if snapshot is None else (
+                lambda ls: snapshot({"task": t, "loop": state_to_tree(ls)})),
+            snapshot_every_s=snapshot_every_s,
+            resume=None if resume is None else state_from_tree(resume["loop"], state))
+        sets, hyper = program.state_from_params(engine.constrained(result.state))
+        # commit (nothing above touched the state)
+        self.tasks = sets if c.guide == "global" else [*self.tasks, sets[-1]]
+        self.hyper = hyper
+        self.input_dim = batch.input_dim
         self.num_updates = t
-        record = {"task": t, "num_data": int(x.shape[0]), "epochs": result.epochs,
-                  "steps": result.steps, "best_epoch": result.best_epoch,
-                  "best_validation": result.best_validation,
+        record = {"task": t, "num_data": N, "epochs": result.epochs,
+                  "steps": result.steps, "best_epoch": result.kept_epoch,
+                  "best_validation": result.kept_validation,
                   "stopped_early": result.stopped_early,
                   "final_loss": result.epoch_losses[-1], "wall_time_s": result.wall_time_s,
                   "seconds_per_epoch": result.seconds_per_epoch,
                   "epoch_losses": list(result.epoch_losses),
                   "validation": [v for _, v in result.validation]}
-        record.update(_theta_summary(new_hyper))
+        record.update(_theta_summary(hyper, c.amplitude))
         self.history.append(record)
         return record
 
-    def program(self, past: list[InducingSet], init: InducingSet,
-                hyper_init: HyperPosterior | torch.Tensor) -> VARGPModel:
-        """The Pyro program (``model``/``guide``) of a task under this learner's config: frozen
-        earlier sets ``past``, the task's starting set ``init`` and hyperparameters
-        ``hyper_init``, the prior over theta being the current ``q_{t-1}(theta)`` (Sect. 3)."""
-        c = self.config
-        return VARGPModel(
-            num_classes=self.num_classes, past=past, init=init,
-            hyper_prior=self.hyper if isinstance(self.hyper, HyperPosterior) else None,
-            hyper_init=hyper_init, guide=c["guide"], hyperparameters=c["hyperparameters"],
-            likelihood=SoftmaxLikelihood(c["num_f_samples"]), beta=c["beta"],
-            num_theta_samples=c["num_theta_samples"], jitter=self.jitter,
-            learn_inducing_inputs=c["learn_inducing_inputs"])
-
-    def _from_params(self, params: dict[str, torch.Tensor], init: InducingSet,
-                     hyper_init: HyperPosterior | torch.Tensor
-                     ) -> tuple[InducingSet, HyperPosterior | torch.Tensor]:
-        Z = params.get("inducing_inputs", init.inducing_inputs)
-        new_set = InducingSet(Z, params["inducing_mean"], params["inducing_scale_tril"]).detach()
-        if self.config["hyperparameters"] == "fixed":
-            return new_set, hyper_init.detach().clone()
-        if self.config["hyperparameters"] == "point":
-            return new_set, params["theta"].detach().clone()
-        return new_set, HyperPosterior(params["theta_loc"], params["theta_scale"]).detach()
-
-    def _check_ready(self) -> None:
-        if not self.tasks:
-            raise RuntimeError("VARGP: call update() with a task before predict / "
-                               "to_inference_data")
-
     def predict(self, x: Any, task_id: int | None = None) -> CategoricalPredictive:
         """Posterior predictive (App. A.1): softmax averaged over ``num_predict_samples`` theta
-        draws and ``num_f_samples`` f draws each (seeded from the config: the same state gives
-        the same probabilities). ``task_id`` is ignored (single head)."""
-        self._check_ready()
+        draws and ``num_predict_f_samples`` f draws each (seeded from the config: the same
+        state gives the same probabilities); before the first task, the prior predictive
+        (1/K for every class). ``task_id`` is ignored (single head)."""
         b = Batch(x).validate(input_dim=self.input_dim, require_targets=False, allow_empty=True)
+        if not self.tasks:
+            # the prior predictive: the K class GPs are exchangeable a priori (zero mean, one
+            # kernel), so E[softmax(f)] = 1/K for every class
+            return CategoricalPredictive(np.full((len(b), self.num_classes),
+                                                 1.0 / self.num_classes))
         xt, _ = b.torch(self.device, self.dtype)
-        probs = self._probs(xt, self._prediction_sets(), self.hyper, self._seed(4))
+        probs = self._probs(xt, self.tasks, self.hyper, self._seed(4))
         return CategoricalPredictive(as_numpy(probs).astype(np.float64))
 
     # -- state ---------------------------------------------------------------------------------
@@ -359,7 +221,7 @@ class VARGP(Learner):
         if isinstance(self.hyper, HyperPosterior):
             hyper = {"loc": self.hyper.loc, "scale": self.hyper.scale}
         elif self.hyper is not None:
-            hyper = {"theta": self.hyper}
+            hyper = {"theta": self.hyper.theta}
         return {"input_dim": self.input_dim, "num_updates": self.num_updates,
                 "tasks": [{"inducing_inputs": s.inducing_inputs, "mean": s.mean,
                            "scale_tril": s.scale_tril} for s in self.tasks],
@@ -371,25 +233,22 @@ class VARGP(Learner):
 
         tasks = [InducingSet(conv(s["inducing_inputs"]), conv(s["mean"]), conv(s["scale_tril"]))
                  for s in state["tasks"]]
-        hyper = state["hyper"]
-        if hyper is None:
-            hyper_val = None
-        elif "theta" in hyper:
-            hyper_val = conv(hyper["theta"])
-        else:
-            hyper_val = HyperPosterior(conv(hyper["loc"]), conv(hyper["scale"]))
-        point = self.config["hyperparameters"] != "variational"
-        if hyper_val is not None and isinstance(hyper_val, HyperPosterior) == point:
-            raise ValueError("state: hyperparameters do not match the config "
-                             f"(hyperparameters={self.config['hyperparameters']!r})")
-        if hyper_val is not None and state["input_dim"] is not None:
-            width = _theta_mean(hyper_val).shape[-1]
-            expected = self._num_lengthscales(int(state["input_dim"])) + 1
-            if width != expected:
-                raise ValueError(f"state: theta has {width} entries per set but the config "
-                                 f"(ard={self.config['ard']}) expects {expected}")
+        saved = state["hyper"]
+        hyper: Hyperparameters | None = None
+        if saved is not None:
+            hyper = PointHyperparameters(conv(saved["theta"])) if "theta" in saved else \
+                HyperPosterior(conv(saved["loc"]), conv(saved["scale"]))
+            if isinstance(hyper, PointHyperparameters) != (self.config.hyperparameters == "point"):
+                raise ValueError("state: hyperparameters do not match the config "
+                                 f"(hyperparameters={self.config.hyperparameters!r})")
+            if state["input_dim"] is not None:
+                width = hyper.mean.shape[-1]
+                expected = (int(state["input_dim"]) if self.config.ard else 1) + 1
+                if width != expected:
+                    raise ValueError(f"state: theta has {width} entries per set but the config "
+                                     f"(ard={self.config.ard}) expects {expected}")
         self.tasks = tasks
-        self.hyper = hyper_val
+        self.hyper = hyper
         self.input_dim = None if state["input_dim"] is None else int(state["input_dim"])
         self.num_updates = int(state["num_updates"])
         self.history = list(state.get("history", []))
@@ -411,19 +270,16 @@ class VARGP(Learner):
         """
         from ppl_cl.inference_data import from_nested_dict
 
-        self._check_ready()
+        if not self.tasks:
+            raise self._not_fitted("to_inference_data")
         c = self.config
         gen = torch.Generator().manual_seed(int(seed))
-        sets = self._prediction_sets()
+        sets = self.tasks
         Z = concat_inducing_inputs(sets)
         M = Z.shape[-2]
-        H = self._num_hyper_sets()
-        if isinstance(self.hyper, HyperPosterior):
-            eps = torch.randn((num_draws, 1, *self.hyper.loc.shape), generator=gen,
-                              dtype=self.dtype).to(self.device)
-            theta = self.hyper.loc + self.hyper.scale * eps             # (S, 1, H, D+1)
-        else:
-            theta = self.hyper.expand(num_draws, 1, *self.hyper.shape)
+        theta = kernel_theta(self.hyper.draws(num_draws, gen), c.amplitude).expand(
+            num_draws, 1, *self.hyper.mean.shape)
+        H = theta.shape[-2]
         xt = yt = None
         if x is not None:
             b = Batch(x, y).validate(input_dim=self.input_dim, num_classes=self.num_classes,
@@ -434,8 +290,7 @@ class VARGP(Learner):
         u_draws, loglik = [], []
         for start in range(0, num_draws, chunk):
             th = theta[start:start + chunk]
-            _, L, v_bar, factors = posterior_factors(th, sets, guide=c["guide"],
-                                                     jitter=self.jitter)
+            _, L, v_bar, factors = posterior_factors(th, sets, guide=c.guide, jitter=self.jitter)
             v = v_bar.clone()
             for rows, R in factors:
                 e = torch.randn((*v_bar.shape[:-1], R.shape[-1], 1), generator=gen,
@@ -444,12 +299,10 @@ class VARGP(Learner):
             u_draws.append((L @ v.unsqueeze(-1)).squeeze(-1)[:, 0])    # (s, K, M)
             if xt is not None and yt is not None:
                 f_loc, f_var = f_marginals(th, xt, Z, L, v, [])         # (s, 1, K, n)
-                e = torch.randn((th.shape[0], c["num_f_samples"], *f_loc.shape[2:]),
-                                generator=gen, dtype=self.dtype).to(self.device)
-                p = torch.softmax(f_loc + f_var.sqrt() * e, dim=-2).mean(1)  # (s, K, n)
+                p = mc_softmax(f_loc, f_var, c.num_f_samples, gen)      # (s, K, n)
                 loglik.append(p.gather(-2, yt.expand(p.shape[0], 1, -1)).squeeze(-2).log())
         u = torch.cat(u_draws)
-        ard = self.config["ard"]
+        ard = c.ard
         posterior: dict[str, Any] = {
             "log_variance": as_numpy(theta[:, 0, :, 0])[None],
             "log_lengthscale": as_numpy(theta[:, 0, :, 1:] if ard else theta[:, 0, :, 1])[None]}
@@ -472,26 +325,21 @@ class VARGP(Learner):
             dims["y"] = ["obs"]
             coords["obs"] = np.arange(yt.shape[0])
         return from_nested_dict(groups, dims=dims, coords=coords,
-                                attrs={"learner": "vargp", "guide": c["guide"],
-                                       "hyperparameters": c["hyperparameters"],
+                                attrs={"learner": "vargp", "guide": c.guide,
+                                       "hyperparameters": c.hyperparameters,
                                        "num_tasks": self.num_updates})
 
 
-def _theta_mean(hyper: HyperPosterior | torch.Tensor) -> torch.Tensor:
-    """The mean of q(theta), or the point theta of the MLE ablation."""
-    return hyper.loc if isinstance(hyper, HyperPosterior) else hyper
-
-
-def _theta_summary(hyper: HyperPosterior | torch.Tensor) -> dict[str, float]:
+def _theta_summary(hyper: Hyperparameters, amplitude: str) -> dict[str, float]:
     """Where the (mean of the) log-hyperparameters ended after a task, for the trajectory of
     theta over tasks (Sect. 5.3: MLE hyperparameters "stuck in a local minimum"):
     ``theta_log_variance`` (mean over the hyperparameter sets) and the median / min / max of all
-    log-lengthscales; ``theta_scale_median``: median std of q_t(theta) (0 for point theta)."""
-    loc = _theta_mean(hyper).detach().to("cpu", torch.float64)
+    log-lengthscales; ``theta_scale_median``: median std of q_t(theta) (0 for point theta).
+    ``theta_log_variance`` is the kernel's log variance (:func:`models.vargp_math.kernel_theta`)."""
+    loc = kernel_theta(hyper.mean.detach(), amplitude).to("cpu", torch.float64)
     log_l = loc[..., 1:]
-    scale = float(hyper.scale.detach().median()) if isinstance(hyper, HyperPosterior) else 0.0
     return {"theta_log_variance": float(loc[..., 0].mean()),
             "theta_log_lengthscale_median": float(log_l.median()),
             "theta_log_lengthscale_min": float(log_l.min()),
             "theta_log_lengthscale_max": float(log_l.max()),
-            "theta_scale_median": scale}
+            "theta_scale_median": float(hyper.scale.detach().median())}

@@ -12,7 +12,8 @@ import torch
 from pyro.infer import TraceMeanField_ELBO
 
 from inference.elbo import LazyTraceMeanField_ELBO
-from models.vargp import (HyperPosterior, InducingSet, SoftmaxLikelihood, VARGPModel)
+from models.vargp import (HyperPosterior, InducingSet, PointHyperparameters, SoftmaxLikelihood,
+                          VARGPModel)
 
 DT = torch.float64
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -30,11 +31,11 @@ def _vargp(guide, hyperparameters, gen, K=3, D=2, tasks=3):
     past = [_set(K, 3, D, gen, shift=0.3 * i) for i in range(tasks - 1)]
     cur = _set(K, 4, D, gen, shift=1.0)
     theta = 0.2 * torch.randn(1, D + 1, generator=gen, dtype=DT)
-    hyper = theta if hyperparameters == "point" else HyperPosterior(theta, 0.1 + 0 * theta)
+    hyper = PointHyperparameters(theta) if hyperparameters == "point" else \
+        HyperPosterior(theta, 0.1 + 0 * theta)
     return VARGPModel(num_classes=K, past=past, init=cur, hyper_init=hyper, hyper_prior=hyper
                       if hyperparameters != "point" else None, guide=guide,
-                      hyperparameters=hyperparameters, num_theta_samples=2,
-                      likelihood=SoftmaxLikelihood(3), jitter=1e-6)
+                      num_theta_samples=2, likelihood=SoftmaxLikelihood(3), jitter=1e-6)
 
 
 def _loss_and_grads(elbo, model, guide, *args, seed=0, **kwargs):

@@ -13,13 +13,15 @@ import pytest
 import torch
 from pyro.infer import TraceMeanField_ELBO
 
-from models.vargp import (GaussianLikelihood, HyperPosterior, InducingSet, SoftmaxLikelihood,
-                          VARGPModel, carry_forward_global_set, f_marginals_of_state,
+from models.vargp import (GaussianLikelihood, HyperPosterior, InducingSet, PointHyperparameters,
+                          SoftmaxLikelihood,
+                          VARGPModel, f_marginals_of_state,
                           init_inducing_set, predictive_probabilities)
 from models.vargp_math import (autoregressive_joint, autoregressive_kl,
                                block_diagonal_expected_kl, concat_inducing_inputs,
                                cross_covariance, gaussian_kl,
-                               kernel_from_theta, previous_posterior_term, prior_cholesky,
+                               kernel_from_theta, kernel_theta, previous_posterior_term,
+                               prior_cholesky,
                                task_slices)
 
 DT = torch.float64
@@ -74,7 +76,7 @@ def test_elbo_equals_exact_log_marginal_likelihood_in_the_limit(guide):
     X = torch.rand(N, D, generator=gen, dtype=DT) * 4
     y = torch.sin(X.sum(-1)) + 0.2 * torch.randn(N, generator=gen, dtype=DT)
     theta = torch.tensor([[0.4, 0.1, -0.2]], dtype=DT)                     # (H=1, D+1)
-    Kxx = _kernel_dense(theta[0], X, X)
+    Kxx = _kernel_dense(kernel_theta(theta)[0], X, X)   # the model's amplitude: gamma^2
     # exact posterior of u = f(X): mean K (K + s2 I)^-1 y, cov K - K (K + s2 I)^-1 K
     C = torch.linalg.cholesky(Kxx + noise * torch.eye(N, dtype=DT))
     mean = Kxx @ torch.cholesky_solve(y[:, None], C)[:, 0]
@@ -84,9 +86,9 @@ def test_elbo_equals_exact_log_marginal_likelihood_in_the_limit(guide):
 
     init = InducingSet(X[None].clone(), mean[None].clone(),
                        torch.linalg.cholesky(cov)[None].clone())
-    model = VARGPModel(num_classes=1, past=[], init=init, hyper_init=theta, guide=guide,
-                       hyperparameters="point", likelihood=GaussianLikelihood(noise), jitter=0.0,
-                       learn_inducing_inputs=False)
+    model = VARGPModel(num_classes=1, past=[], init=init,
+                       hyper_init=PointHyperparameters(theta), guide=guide,
+                       likelihood=GaussianLikelihood(noise), jitter=0.0)
     elbo = _elbo(model, X, y)
     # a single particle: the bound has no Monte Carlo error here (analytic KL, exact expectation)
     assert torch.allclose(elbo, exact, rtol=0, atol=1e-8), (float(elbo), float(exact))
@@ -111,7 +113,7 @@ def test_closed_form_joint_matches_ancestral_samples():
     # ancestral sampling with A_j = K_{j,<j} K_{<j,<j}^{-1} computed independently (dense solve)
     Zall = concat_inducing_inputs(sets)
     Kzz = _kernel_dense(theta[0, 0], Zall, Zall)                          # (K, M, M)
-    Kzz = Kzz + jitter * theta[0, 0, :, 0].exp()[:, None, None] * torch.eye(Kzz.shape[-1],
+    Kzz = Kzz + jitter * torch.ones_like(theta[0, 0, :, 0])[:, None, None] * torch.eye(Kzz.shape[-1],
                                                                                dtype=DT)
     n = 200_000
     blocks = task_slices(sets)
@@ -144,7 +146,11 @@ def test_whitened_marginal_of_f_equals_dense_eq22_computation():
     theta = _theta(K, D, S=2, gen=gen)                                    # per-class hypers
     x = torch.randn(7, D, generator=gen, dtype=DT)
     jitter = 1e-8
-    for guide in ("autoregressive", "block_diagonal"):
+    # the code's Block Diag. keeps the auto-regressive joint for f; the text's drops A_j
+    assert all(torch.equal(a, b) for a, b in zip(
+        f_marginals_of_state(x, sets, theta, guide="block_diagonal", jitter=jitter),
+        f_marginals_of_state(x, sets, theta, guide="autoregressive", jitter=jitter)))
+    for guide in ("autoregressive", "block_diagonal_joint"):
         f_loc, f_var = f_marginals_of_state(x, sets, theta, guide=guide, jitter=jitter)
         if guide == "autoregressive":
             mu, Sigma = autoregressive_joint(theta, sets, jitter)
@@ -158,7 +164,7 @@ def test_whitened_marginal_of_f_equals_dense_eq22_computation():
         for i in range(2):
             for k in range(K):
                 th = theta[i, 0, k]
-                Kzz = _kernel_dense(th, Z[k], Z[k]) + jitter * th[0].exp() * torch.eye(
+                Kzz = _kernel_dense(th, Z[k], Z[k]) + jitter * torch.eye(
                     Z.shape[1], dtype=DT)
                 Kxz = _kernel_dense(th, x, Z[k])
                 P = torch.linalg.solve(Kzz, Kxz.T).T                      # K_xz K_zz^-1
@@ -214,7 +220,7 @@ def test_first_task_marginal_matches_pyro_sparse_gp_conditional():
     rbf = RBF(D, variance=theta[0, 0, 0, 0].exp().detach(),
               lengthscale=theta[0, 0, 0, 1:].exp().detach())
     Z = s.inducing_inputs[0]
-    Kzz = rbf(Z).detach() + jitter * theta[0, 0, 0, 0].exp() * torch.eye(M, dtype=DT)
+    Kzz = rbf(Z).detach() + jitter * torch.eye(M, dtype=DT)
     loc, var = conditional(x, Z, rbf, s.mean, s.scale_tril, torch.linalg.cholesky(Kzz),
                            full_cov=False, whiten=False)
     assert torch.allclose(f_loc[0, 0], loc.detach(), atol=1e-10)
@@ -228,9 +234,11 @@ def _two_task_model(guide, gen, K=2, D=2, hyperparameters="point"):
     past = [_random_set(K, 3, D, gen=gen)]
     cur = _random_set(K, 4, D, shift=0.4, gen=gen)
     theta = 0.2 * torch.randn(1, D + 1, generator=gen, dtype=DT)
-    model = VARGPModel(num_classes=K, past=past, init=cur, hyper_init=theta, guide=guide,
-                       hyperparameters=hyperparameters, likelihood=GaussianLikelihood(1.0)
-                       if K == 1 else SoftmaxLikelihood(2), jitter=1e-6)
+    hyper = PointHyperparameters(theta) if hyperparameters == "point" else \
+        HyperPosterior(theta, 0.1 + 0 * theta)
+    model = VARGPModel(num_classes=K, past=past, init=cur, hyper_init=hyper, guide=guide,
+                       likelihood=GaussianLikelihood(1.0) if K == 1 else SoftmaxLikelihood(2),
+                       jitter=1e-6)
     return model, past, cur, theta
 
 
@@ -241,7 +249,7 @@ def test_inducing_kl_matches_monte_carlo(guide):
     KL that TraceMeanField_ELBO uses in the program (one draw of u_<t)."""
     gen = torch.Generator().manual_seed(5)
     model, past, cur, theta = _two_task_model(guide, gen)
-    th = theta.expand(1, 1, *theta.shape)
+    th = kernel_theta(theta).expand(1, 1, *theta.shape)    # the model's kernel: gamma^2
     sets = [*past, cur]
     L = prior_cholesky(th, concat_inducing_inputs(sets), 1e-6)
     closed = (autoregressive_kl(L, cur, task_slices(sets)[-1]) if guide == "autoregressive"
@@ -305,7 +313,9 @@ def test_gradients_flow_only_into_the_current_task(hyperparameters):
     past = [_random_set(K, 3, D, gen=gen, shift=s) for s in (0.0, 1.0)]
     leaves = [InducingSet(*(t.clone().requires_grad_(True) for t in p)) for p in past]
     cur = _random_set(K, 4, D, gen=gen, shift=2.0)
-    model = VARGPModel(num_classes=K, past=leaves, init=cur, hyperparameters=hyperparameters,
+    hyper = None if hyperparameters == "variational" else PointHyperparameters(
+        torch.zeros(1, D + 1, dtype=DT))
+    model = VARGPModel(num_classes=K, past=leaves, init=cur, hyper_init=hyper,
                        jitter=1e-6, likelihood=SoftmaxLikelihood(3))
     x = torch.randn(10, D, generator=gen, dtype=DT)
     y = torch.randint(0, K, (10,), generator=gen)
@@ -329,8 +339,8 @@ def test_gradients_flow_only_into_the_current_task(hyperparameters):
 # ---------------------------------------------------------------------------------------------
 def _deterministic_elbo(guide, past, cur, theta, x, y, likelihood=None):
     pyro.clear_param_store()
-    model = VARGPModel(num_classes=cur.mean.shape[0], past=past, init=cur, hyper_init=theta,
-                       guide=guide, hyperparameters="point",
+    model = VARGPModel(num_classes=cur.mean.shape[0], past=past, init=cur,
+                       hyper_init=PointHyperparameters(theta), guide=guide,
                        likelihood=likelihood or GaussianLikelihood(0.5), jitter=1e-8)
     return _elbo(model, x, y, num_data=40)
 
@@ -343,13 +353,14 @@ def test_ablations_equal_var_gp_on_the_first_task():
     x = torch.randn(8, D, generator=gen, dtype=DT)
     y = torch.randn(8, generator=gen, dtype=DT)
     values = [_deterministic_elbo(g, [], cur, theta, x, y)
-              for g in ("autoregressive", "block_diagonal", "global")]
-    assert torch.allclose(values[0], values[1], atol=1e-10)
-    assert torch.allclose(values[0], values[2], atol=1e-10)
+              for g in ("autoregressive", "block_diagonal", "block_diagonal_joint", "global")]
+    for v in values[1:]:
+        assert torch.allclose(values[0], v, atol=1e-10)
     # and equal the SVGP bound computed by hand: E log N(y | f, s2) - KL[q(u) || p(u)]
-    f_loc, f_var = f_marginals_of_state(x, [cur], theta.expand(1, 1, 1, -1), jitter=1e-8)
+    th = kernel_theta(theta).expand(1, 1, 1, -1)
+    f_loc, f_var = f_marginals_of_state(x, [cur], th, jitter=1e-8)
     ell = (dist.Normal(f_loc[0, 0, 0], math.sqrt(0.5)).log_prob(y) - f_var[0, 0, 0] / 1.0).sum()
-    L = prior_cholesky(theta.expand(1, 1, 1, -1), cur.inducing_inputs, 1e-8)
+    L = prior_cholesky(th, cur.inducing_inputs, 1e-8)
     kl = gaussian_kl(cur.mean, cur.scale_tril, L)[0, 0, 0]
     assert torch.allclose(values[0], 40 / 8 * ell - kl, atol=1e-9)
 
@@ -453,49 +464,12 @@ def test_init_inducing_set_draws_task_inputs():
     assert shared.inducing_inputs.shape == (1, 5, 2)
 
 
-def test_carry_forward_global_set_matches_dense_conditional():
-    """q(u_t) = int p(u_t | u_{t-1}) q(u_{t-1}) = N(A m, K_nn - A K_on + A S A^T), A = K_no K_oo^-1,
-    against explicit inverses of the dense kernel; kept rows are old inducing inputs, the rest
-    task inputs; keeping every old input gives back q(u_{t-1}) (reordered)."""
-    gen = torch.Generator().manual_seed(3)
-    K, D, M_old, M, keep = 2, 2, 4, 5, 2
-    old = _random_set(K, M_old, D, gen=gen)
-    theta = 0.3 * torch.randn(1, D + 1, generator=gen, dtype=DT)
-    x = torch.randn(30, D, generator=gen, dtype=DT)
-    jit = 1e-8
-    s = carry_forward_global_set(x, old, theta, M, keep, jitter=jit,
-                                 generator=torch.Generator().manual_seed(0))
-    assert s.inducing_inputs.shape == (K, M, D) and s.mean.shape == (K, M)
-    gamma = float(theta[0, 0].exp())
-    for k in range(K):
-        Z, Zo = s.inducing_inputs[k], old.inducing_inputs[k]
-        old_rows = {tuple(r.tolist()) for r in Zo}
-        x_rows = {tuple(r.tolist()) for r in x}
-        assert all(tuple(z.tolist()) in old_rows for z in Z[:keep])
-        assert all(tuple(z.tolist()) in x_rows for z in Z[keep:])
-        K_oo = _kernel_dense(theta[0], Zo, Zo) + jit * gamma * torch.eye(M_old, dtype=DT)
-        K_nn = _kernel_dense(theta[0], Z, Z) + jit * gamma * torch.eye(M, dtype=DT)
-        K_no = _kernel_dense(theta[0], Z, Zo)
-        A = K_no @ torch.linalg.inv(K_oo)
-        S_o = old.scale_tril[k] @ old.scale_tril[k].T
-        cov = K_nn - A @ K_no.T + A @ S_o @ A.T
-        torch.testing.assert_close(s.mean[k], A @ old.mean[k], atol=1e-6, rtol=1e-6)
-        torch.testing.assert_close(s.scale_tril[k] @ s.scale_tril[k].T, cov, atol=1e-6,
-                                   rtol=1e-6)
-    every = carry_forward_global_set(x, old, theta, M_old, M_old, jitter=jit,
-                                     generator=torch.Generator().manual_seed(1))
-    torch.testing.assert_close(every.mean.sort(-1).values, old.mean.sort(-1).values, atol=1e-6,
-                               rtol=1e-6)
-    with pytest.raises(ValueError, match="keep"):
-        carry_forward_global_set(x, old, theta, M, M_old + 1, jitter=jit)
-
-
 def test_bad_options_raise():
     cur = _random_set(2, 3, 2)
     with pytest.raises(ValueError, match="guide"):
         VARGPModel(num_classes=2, past=[], init=cur, guide="diagonal")
-    with pytest.raises(ValueError, match="hyperparameters"):
-        VARGPModel(num_classes=2, past=[], init=cur, hyperparameters="mle")
+    with pytest.raises(TypeError, match="hyper_init"):
+        VARGPModel(num_classes=2, past=[], init=cur, hyper_init=torch.zeros(1, 3))
     with pytest.raises(ValueError, match="beta"):
         VARGPModel(num_classes=2, past=[], init=cur, beta=0.0)
     with pytest.raises(ValueError, match="global"):
@@ -531,11 +505,62 @@ def test_hyperparameter_width_is_checked():
     cur = _random_set(2, 3, 4)
     for width in (3, 6):
         with pytest.raises(ValueError, match="log-hyperparameters"):
-            VARGPModel(num_classes=2, past=[], init=cur, hyperparameters="point",
-                       hyper_init=torch.zeros(1, width, dtype=DT))
+            VARGPModel(num_classes=2, past=[], init=cur,
+                       hyper_init=PointHyperparameters(torch.zeros(1, width, dtype=DT)))
     with pytest.raises(ValueError, match="hyper_prior"):
         VARGPModel(num_classes=2, past=[], init=cur,
                    hyper_init=HyperPosterior(torch.zeros(1, 2, dtype=DT),
                                              torch.ones(1, 2, dtype=DT)),
                    hyper_prior=HyperPosterior(torch.zeros(1, 5, dtype=DT),
                                               torch.ones(1, 5, dtype=DT)))
+
+
+def test_kernel_amplitude_is_gamma_squared_by_default_and_gamma_on_request():
+    """``kernel_theta``: the authors' kernel variance is gamma^2 = exp(2 theta_0)
+    (uber-research/vargp ``var_gp/kernels.py``); ``amplitude="linear"`` reads exp(theta_0) as
+    the text's "log-scale factor"; the lengthscales are untouched."""
+    theta = torch.tensor([[0.3, -0.2, 0.5]], dtype=DT)
+    sq, lin = kernel_theta(theta), kernel_theta(theta, "linear")
+    assert torch.equal(sq[..., 1:], theta[..., 1:]) and torch.equal(lin, theta)
+    assert float(kernel_from_theta(sq).variance) == pytest.approx(math.exp(0.6))
+    with pytest.raises(ValueError, match="amplitude"):
+        kernel_theta(theta, "cubed")
+
+
+def test_block_diagonal_row_of_the_code_changes_only_the_kl_of_u_t():
+    """The authors' Block Diag. (uber-research/vargp ``var_gp/vargp.py``,
+    ``ep_var_mean=False``): with the same parameters and draws, the likelihood term is the
+    auto-regressive one and only the u_t site differs (its guide mean loses A_t u_<t); the
+    text's reading changes the likelihood too."""
+    gen = torch.Generator().manual_seed(12)
+    K, D = 2, 2
+    past = [_random_set(K, 3, D, gen=gen)]
+    cur = _random_set(K, 4, D, shift=0.3, gen=gen)
+    theta = 0.2 * torch.randn(1, D + 1, generator=gen, dtype=DT)
+    x = torch.randn(6, D, generator=gen, dtype=DT)
+    y = torch.randint(K, (6,), generator=gen)
+
+    def traces(guide):
+        pyro.clear_param_store()
+        m = VARGPModel(num_classes=K, past=past, init=cur,
+                       hyper_init=PointHyperparameters(theta), guide=guide,
+                       likelihood=SoftmaxLikelihood(3), jitter=1e-6)
+        pyro.set_rng_seed(4)
+        g = pyro.poutine.trace(m.guide).get_trace(x, y)
+        mt = pyro.poutine.trace(pyro.poutine.replay(m.model, trace=g)).get_trace(x, y)
+        return g, mt
+
+    ar_g, ar_m = traces("autoregressive")
+    bd_g, bd_m = traces("block_diagonal")
+    jt_g, jt_m = traces("block_diagonal_joint")
+    like = {name: tr.nodes["y"]["fn"].log_prob(y).sum() for name, tr in
+            (("ar", ar_m), ("bd", bd_m), ("joint", jt_m))}
+    assert torch.equal(like["ar"], like["bd"])
+    assert not torch.allclose(like["ar"], like["joint"])
+    # u_1 (the earlier task) is the same factor; u_2's guide mean drops A_2 u_1
+    assert torch.equal(ar_g.nodes["u_1"]["value"], bd_g.nodes["u_1"]["value"])
+    assert torch.allclose(bd_g.nodes["u_2"]["fn"].loc, cur.mean.expand_as(
+        bd_g.nodes["u_2"]["fn"].loc))
+    assert not torch.allclose(ar_g.nodes["u_2"]["fn"].loc, bd_g.nodes["u_2"]["fn"].loc)
+    # the prior conditional p(u_2 | u_1) of the model is the same in both
+    assert torch.equal(ar_m.nodes["u_2"]["fn"].loc, bd_m.nodes["u_2"]["fn"].loc)

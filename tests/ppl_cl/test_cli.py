@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from ppl_cl.cli import main
-from ppl_cl.experiments.base import ConfigError, build_config, get
+from ppl_cl.errors import ConfigError
+from ppl_cl.experiments import build_config, get
 
 
 def test_list_shows_registered_experiments(capsys):
@@ -71,8 +72,8 @@ def test_a_failed_run_says_why_in_its_progress_log(tmp_path, monkeypatch):
         raise FloatingPointError("loss is not finite at step 7\nsecond line")
 
     monkeypatch.setattr(spec, "run", boom)
-    with pytest.raises(FloatingPointError):
-        main(["run", "exact-gp-synthetic", "--quick", "--out", str(out)])
+    assert main(["run", "exact-gp-synthetic", "--quick", "--out", str(out)]) == 1
+    assert not (out / "metrics.json").exists()
     lines = (out / "progress.log").read_text().splitlines()
     assert "unit 1 done" in lines[1]
     assert "failed: FloatingPointError: loss is not finite at step 7 after" in lines[-1]
@@ -120,13 +121,17 @@ def test_checkpoint_every_option(tmp_path, capsys):
 def test_set_overrides_are_typed_and_checked():
     spec = get("exact-gp-uci")
     cfg = build_config(spec, quick=True, overrides={"dataset": "yacht", "split": "3",
-                                                    "noise_variance": "0.5"})
-    assert (cfg.dataset, cfg.split, cfg.noise_variance) == ("yacht", 3, 0.5)
-    assert cfg.max_iterations == spec.quick["max_iterations"]
+                                                    "learner.noise_variance": "0.5"})
+    assert (cfg.dataset, cfg.split, cfg.learner.noise_variance) == ("yacht", 3, 0.5)
+    assert cfg.learner.max_iterations == spec.quick["learner.max_iterations"]
     with pytest.raises(ConfigError, match="unknown config key 'nope'"):
         build_config(spec, overrides={"nope": "1"})
-    with pytest.raises(ConfigError, match="cannot read 'abc'"):
+    with pytest.raises(ConfigError, match="learner: unknown config key 'nope'"):
+        build_config(spec, overrides={"learner.nope": "1"})
+    with pytest.raises(ConfigError, match=r"split=abc: expected int, received 'abc'"):
         build_config(spec, overrides={"split": "abc"})
+    with pytest.raises(ConfigError, match="kernel"):   # the learner config's own check
+        build_config(spec, overrides={"learner.kernel": "rbf"})
 
 
 def test_list_overrides_accept_shell_forms():
@@ -140,10 +145,99 @@ def test_list_overrides_accept_shell_forms():
     assert tuple(build_config(spec, overrides={"ablations": "[]"}).ablations) == ()
 
 
-def test_cli_errors_are_one_line(capsys):
-    assert main(["run", "no-such-experiment"]) == 2
-    assert "unknown experiment" in capsys.readouterr().err
-    assert main(["run", "exact-gp-uci", "--set", "nope=1"]) == 2
+def test_cli_errors_are_one_line(capsys, tmp_path):
+    """Every argument, config, path and device error is one ``ppl-cl:`` line naming what was
+    expected and what was received, status 2, no traceback, and no run folder left behind."""
+    cases = [
+        (["run", "no-such-experiment"], "unknown experiment 'no-such-experiment'"),
+        (["run", "exact-gp-uci", "--set", "nope=1"], "unknown config key 'nope'"),
+        (["run", "exact-gp-uci", "--set", "key"], "--set: expected key=value, received 'key'"),
+        (["run", "vargp-toy", "--set", "learner.max_epochs=abc"],
+         "learner.max_epochs=abc: expected int, received 'abc'"),
+        (["run", "exact-gp-uci", "--set", "dataset=nosuchset"],
+         "dataset=nosuchset: expected one of 'concrete'"),
+        (["reproduce", "--only", "vargp-tooy"], "--only: unknown experiment(s) vargp-tooy"),
+        (["run", "exact-gp-synthetic", "--threads", "0"], "--threads: expected an int >= 1"),
+    ]
+    for argv, message in cases:
+        out = tmp_path / f"run{len(message)}"
+        assert main(argv + ["--out", str(out)]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("ppl-cl: ") and message in err, (argv, err)
+        assert "Traceback" not in err and err.count("\n") == 1, err
+        assert not out.exists(), argv          # refused before any folder is made
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert main(["run", "exact-gp-synthetic", "--out", str(afile)]) == 2
+    assert "expected a folder for the run, received the file" in capsys.readouterr().err
+
+
+def test_a_failed_run_is_status_1_and_leaves_nothing_report_would_read(tmp_path, capsys,
+                                                                        monkeypatch):
+    from ppl_cl.experiments.reproduce import collect
+
+    def broken(config, ctx):
+        raise ArithmeticError("boom")
+
+    spec = get("exact-gp-synthetic")
+    monkeypatch.setattr(spec, "run", broken)
+    out = tmp_path / "r"
+    assert main(["run", "exact-gp-synthetic", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "ppl-cl: the run failed: ArithmeticError: boom" in err and "Traceback" not in err
+    assert not (out / "metrics.json").exists()
+    with pytest.raises(FileNotFoundError, match="not a finished run"):
+        collect([out], tmp_path / "rep")
+    with pytest.raises(ArithmeticError):
+        main(["run", "exact-gp-synthetic", "--out", str(out), "--debug"])
+
+
+def test_a_finished_run_folder_is_refused_unless_force(tmp_path, capsys, monkeypatch):
+    spec = get("exact-gp-synthetic")
+    calls = []
+
+    def tiny(config, ctx):
+        calls.append(1)
+        return {"summary": {"rmse": float(len(calls))}}
+
+    monkeypatch.setattr(spec, "run", tiny)
+    out = tmp_path / "r"
+    assert main(["run", "exact-gp-synthetic", "--out", str(out)]) == 0
+    assert main(["run", "exact-gp-synthetic", "--out", str(out)]) == 2
+    assert "holds a finished run" in capsys.readouterr().err and calls == [1]
+    assert main(["run", "exact-gp-synthetic", "--out", str(out), "--force"]) == 0
+    assert json.loads((out / "metrics.json").read_text())["summary"]["rmse"] == 2.0
+    # a forced rerun that fails leaves no old numbers for `ppl-cl report` to read
+    monkeypatch.setattr(spec, "run", lambda c, ctx: 1 / 0)
+    assert main(["run", "exact-gp-synthetic", "--out", str(out), "--force"]) == 1
+    assert not (out / "metrics.json").exists()
+    # run files are world-readable, like the figures
+    assert main(["run", "exact-gp-synthetic", "--out", str(tmp_path / "p")]) == 1
+    monkeypatch.setattr(spec, "run", tiny)
+    assert main(["run", "exact-gp-synthetic", "--out", str(tmp_path / "p")]) == 0
+    assert (tmp_path / "p" / "metrics.json").stat().st_mode & 0o044 == 0o044
+
+
+def test_broken_checkpoints_raise_checkpoint_error_naming_the_path(tmp_path):
+    import numpy as np
+
+    from ppl_cl.persist import CheckpointError, load_tree, save_tree
+
+    save_tree(tmp_path / "ok.npz", {"a": np.arange(200.0)}, meta={"x": 1})
+    raw = (tmp_path / "ok.npz").read_bytes()
+    flipped = bytearray(raw)
+    flipped[len(raw) // 2] ^= 0xFF
+    files = {"truncated": raw[: len(raw) // 2], "flipped": bytes(flipped), "empty": b"",
+             "text": b"hello world\n"}
+    np.savez(tmp_path / "other.npz", x=np.zeros(3))
+    for name, data in files.items():
+        (tmp_path / f"{name}.npz").write_bytes(data)
+    for name in (*files, "other"):
+        path = tmp_path / f"{name}.npz"
+        with pytest.raises(CheckpointError) as info:
+            load_tree(path)
+        assert str(path) in str(info.value) and "allow_pickle" not in str(info.value), name
+    assert load_tree(tmp_path / "ok.npz")[1] == {"x": 1}
 
 
 def test_data_list_reports_found_and_missing(tmp_data_root, capsys):
@@ -227,7 +321,7 @@ def test_report_cells_keep_their_significant_digits():
 
 
 def test_paper_numbers_print_as_the_paper_gives_them():
-    from ppl_cl.experiments.base import registry
+    from ppl_cl.experiments import registry
 
     paper = registry()["vargp-split-mnist"].paper
     assert paper["final_avg_accuracy"].format() == "90.57 ± 1.06"

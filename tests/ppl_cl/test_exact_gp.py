@@ -10,7 +10,9 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process import kernels as sk
 
-from ppl_cl import Batch, Learner
+from ppl_cl import Batch
+from ppl_cl.errors import NotFittedError
+from ppl_cl.learners import load_learner
 from ppl_cl.learners.exact_gp import ExactGP
 
 rng = np.random.default_rng(3)
@@ -71,7 +73,7 @@ def test_save_load_predicts_identically(tmp_path):
     gp = ExactGP(kernel="se-ard", max_iterations=50)
     gp.update(Batch(X[:40], Y[:40]))
     gp.save(tmp_path / "gp.npz")
-    back = Learner.load(tmp_path / "gp.npz")
+    back = load_learner(tmp_path / "gp.npz")
     assert isinstance(back, ExactGP)
     np.testing.assert_array_equal(back.predict(XS).mean, gp.predict(XS).mean)
     # resumed run == uninterrupted run
@@ -99,8 +101,12 @@ def test_bad_input_leaves_state_unchanged():
         ExactGP(kernel="rbf")
     with pytest.raises(ValueError, match="noise_variance"):
         ExactGP(noise_variance=-1.0)
-    with pytest.raises(RuntimeError, match="before any update"):
-        ExactGP().predict(XS)
+    # before any update: the GP prior at the starting hyperparameters (variance 1, noise 0.1)
+    prior = ExactGP(kernel="se").predict(XS)
+    np.testing.assert_allclose(prior.mean, 0.0)
+    np.testing.assert_allclose(prior.variance, 1.1, rtol=1e-12)
+    with pytest.raises(NotFittedError):
+        ExactGP().hyperparameters()
 
 
 # PSIS-LOO on a Gaussian-noise GP with few draws often has Pareto k > 0.7: expected, not a bug.

@@ -17,7 +17,6 @@ from ppl_cl.metrics import (
     average_online_accuracy,
     backward_transfer,
     cumulative_log_predictive,
-    evaluate_tasks,
     expected_calibration_error,
     final_average_accuracy,
     forgetting,
@@ -98,73 +97,6 @@ def test_accuracy_matrix_validation():
         backward_transfer(np.array([[0.5, NAN], [0.5, NAN]]))
     with pytest.raises(TypeError, match="numeric"):
         average_accuracy(np.array([["a"]]))
-
-
-# -- evaluate_tasks -----------------------------------------------------------------------------
-@dataclass
-class _Split:
-    train: Batch
-    test: Batch
-    task_id: int
-
-
-class _ThresholdLearner:
-    """predict: p(class 0 | x) = x[:, 0]; records the task ids it receives."""
-
-    def __init__(self):
-        self.task_ids = []
-
-    def predict(self, x, task_id=None):
-        self.task_ids.append(task_id)
-        p0 = np.asarray(x, dtype=np.float64)[:, 0]
-        return CategoricalPredictive(np.stack([p0, 1.0 - p0], axis=1))
-
-
-def _entropy2(p):
-    return -(p * math.log(p) + (1 - p) * math.log(1 - p))
-
-
-def _tasks():
-    # task 0: probs [.9,.1] (predict 0, right) and [.2,.8] (predict 1, wrong): accuracy 1/2
-    # task 1: probs [.5,.5] -> argmax 0, label 1: accuracy 0, entropy log 2
-    t0 = Batch(np.array([[0.9], [0.2]]), np.array([0, 0]), task_id=0)
-    t1 = Batch(np.array([[0.5]]), np.array([1]), task_id=1)
-    return [_Split(t0, t0, 0), _Split(t1, t1, 1)]
-
-
-def test_evaluate_tasks_fills_rows():
-    learner = _ThresholdLearner()
-    tasks = _tasks()
-    acc, ent = evaluate_tasks(learner, tasks, upto=0)
-    np.testing.assert_allclose(acc, [0.5, NAN])
-    np.testing.assert_allclose(ent, [(_entropy2(0.9) + _entropy2(0.2)) / 2, NAN])
-    assert learner.task_ids == [None]
-
-    acc, ent = evaluate_tasks(learner, tasks, use_task_id=True)
-    np.testing.assert_allclose(acc, [0.5, 0.0])
-    np.testing.assert_allclose(ent, [(_entropy2(0.9) + _entropy2(0.2)) / 2, math.log(2)])
-    assert learner.task_ids[1:] == [0, 1]
-
-    # rows of R and H, then the entropy matrix normalized by log K
-    R = np.full((2, 2), NAN)
-    H = np.full((2, 2), NAN)
-    for i in range(2):
-        R[i], H[i] = evaluate_tasks(learner, tasks)
-    assert final_average_accuracy(R) == pytest.approx(0.25)
-    np.testing.assert_allclose(predictive_entropy_matrix(H, num_classes=2)[:, 1], [1.0, 1.0])
-
-
-def test_evaluate_tasks_validation():
-    class Regressor:
-        def predict(self, x, task_id=None):
-            return GaussianPredictive(np.zeros(len(x)), np.ones(len(x)))
-
-    with pytest.raises(TypeError, match="CategoricalPredictive"):
-        evaluate_tasks(Regressor(), _tasks())
-    with pytest.raises(ValueError, match="upto"):
-        evaluate_tasks(_ThresholdLearner(), _tasks(), upto=2)
-    with pytest.raises(ValueError, match="at least one task"):
-        evaluate_tasks(_ThresholdLearner(), [])
 
 
 # -- paired comparison of two learners ---------------------------------------------------------

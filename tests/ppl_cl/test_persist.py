@@ -3,6 +3,8 @@
 import json
 
 import jax.numpy as jnp
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -57,13 +59,19 @@ def test_version_and_garbage(tmp_path):
         load_tree(tmp_path / "nope.npz")
 
 
+@dataclasses.dataclass(frozen=True)
+class _MeanConfig:
+    prior_var: float = 1.0
+
+
 class _Mean(Learner):
     """A running-mean regressor: the smallest learner that exercises the protocol."""
 
     learner_name = "test-running-mean"
+    config_cls = _MeanConfig
 
-    def __init__(self, prior_var: float = 1.0):
-        super().__init__(prior_var=prior_var)
+    def __init__(self, config=None, /, **overrides):
+        super().__init__(config, **overrides)
         self.n, self.total = 0, 0.0
 
     def update(self, batch):
@@ -74,7 +82,7 @@ class _Mean(Learner):
 
     def predict(self, x, task_id=None):
         m = self.total / max(self.n, 1)
-        return GaussianPredictive(np.full(len(x), m), np.full(len(x), self.config["prior_var"]))
+        return GaussianPredictive(np.full(len(x), m), np.full(len(x), self.config.prior_var))
 
     def state_dict(self):
         return {"n": self.n, "total": np.asarray(self.total)}
@@ -92,10 +100,12 @@ def test_learner_save_load(tmp_path):
     a = _Mean(prior_var=2.0)
     a.update(Batch(np.zeros((3, 1)), np.array([1.0, 2.0, 3.0])))
     a.save(tmp_path / "m.npz")
-    b = Learner.load(tmp_path / "m.npz")
-    assert isinstance(b, _Mean) and b.config == {"prior_var": 2.0}
+    b = _Mean.load(tmp_path / "m.npz")
+    assert isinstance(b, _Mean) and b.config == _MeanConfig(prior_var=2.0)
     np.testing.assert_array_equal(b.predict(np.zeros((2, 1))).mean, a.predict(np.zeros((2, 1))).mean)
-    with pytest.raises(CheckpointError, match="holds a _Mean"):
+    with pytest.raises(TypeError, match="load_learner"):
+        Learner.load(tmp_path / "m.npz")
+    with pytest.raises(CheckpointError, match="holds a 'test-running-mean' learner"):
         from ppl_cl.learners.exact_gp import ExactGP
 
         ExactGP.load(tmp_path / "m.npz")

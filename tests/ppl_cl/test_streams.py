@@ -7,7 +7,6 @@ import pytest
 
 from ppl_cl.batch import Batch
 from ppl_cl.data import streams as St
-from ppl_cl.predictive import CategoricalPredictive, GaussianPredictive
 
 
 @pytest.fixture(scope="module")
@@ -228,94 +227,6 @@ def test_task_stream_concatenates_and_keeps_boundaries(digits):
         St.task_stream([pairs[0], (pairs[1][0][:, :5], pairs[1][1])])
     with pytest.raises(ValueError, match="at least one task"):
         St.task_stream([])
-
-
-# -- prequential ---------------------------------------------------------------------------------
-
-class CountingClassifier:
-    """Predicts Laplace-smoothed class frequencies of everything seen; logs every call."""
-
-    def __init__(self, num_classes: int, log: list):
-        self.counts = np.ones(num_classes)
-        self.log = log
-
-    def predict(self, x, task_id=None):
-        self.log.append(("predict", len(x), self.counts.sum()))
-        return CategoricalPredictive(np.tile(self.counts / self.counts.sum(), (len(x), 1)))
-
-    def update(self, batch):
-        self.log.append(("update", len(batch), self.counts.sum()))
-        self.counts += np.bincount(batch.y, minlength=self.counts.size)
-        return {"seen": float(self.counts.sum())}
-
-
-class RunningMeanRegressor:
-    """Predicts N(mean of the targets seen so far, 1)."""
-
-    def __init__(self):
-        self.total, self.n = 0.0, 0
-
-    def predict(self, x, task_id=None):
-        mean = self.total / self.n if self.n else 0.0
-        return GaussianPredictive(np.full(len(x), mean), np.ones(len(x)))
-
-    def update(self, batch):
-        self.total += float(np.sum(batch.y))
-        self.n += len(batch)
-        return {"n": self.n}
-
-
-def test_prequential_predicts_before_updating_each_chunk():
-    y = np.array([0, 0, 1, 2, 2, 2, 1, 0, 0, 1, 2])
-    x = np.zeros((11, 2))
-    chunks = St.online_chunks(x, y, chunk_size=3)
-    log: list = []
-    result = St.prequential(CountingClassifier(3, log), chunks)
-    # predict then update on every chunk, the prediction made before the chunk is learned
-    assert [e[0] for e in log] == ["predict", "update"] * 4
-    for n, chunk in enumerate(chunks):
-        assert log[2 * n][1] == log[2 * n + 1][1] == len(chunk)
-        assert log[2 * n][2] == log[2 * n + 1][2]  # same state at predict and update
-    # independent recomputation: p(y_i) = (1 + count of y_i before i's chunk) / (3 + seen)
-    expected, correct = [], []
-    for n, chunk in enumerate(chunks):
-        before = y[: 3 * n]
-        p = (1 + np.bincount(before, minlength=3)) / (3 + len(before))
-        expected += list(np.log(p[chunk.y]))
-        correct += list(np.argmax(p) == chunk.y)
-    np.testing.assert_allclose(result.log_prob, expected, rtol=1e-12)
-    np.testing.assert_array_equal(result.correct, correct)
-    assert result.sq_error is None
-    assert result.correct.dtype == bool and result.log_prob.shape == (11,)
-    assert [r["seen"] for r in result.records] == [6.0, 9.0, 12.0, 14.0]
-
-
-def test_prequential_gaussian_records_squared_error():
-    y = np.array([1.0, 3.0, 2.0, 6.0, 4.0])
-    chunks = St.online_chunks(np.zeros((5, 1)), y, chunk_size=2)
-    result = St.prequential(RunningMeanRegressor(), chunks)
-    means = np.array([0.0, 0.0, 2.0, 2.0, 3.0])  # mean of the targets of earlier chunks
-    np.testing.assert_allclose(result.sq_error, (means - y) ** 2)
-    np.testing.assert_allclose(result.log_prob, -0.5 * (np.log(2 * np.pi) + (y - means) ** 2))
-    assert result.correct is None
-    assert [r["n"] for r in result.records] == [2, 4, 5]
-
-
-def test_prequential_errors():
-    class Bad:
-        def predict(self, x, task_id=None):
-            return np.zeros(len(x))
-
-        def update(self, batch):
-            return {}
-
-    chunks = St.online_chunks(np.zeros((4, 1)), np.zeros(4), chunk_size=2)
-    with pytest.raises(TypeError, match="CategoricalPredictive or a GaussianPredictive"):
-        St.prequential(Bad(), chunks)
-    with pytest.raises(ValueError, match="expected targets"):
-        St.prequential(RunningMeanRegressor(), [Batch(np.zeros((2, 1)))])
-    empty = St.prequential(RunningMeanRegressor(), [])
-    assert empty.log_prob.shape == (0,) and empty.records == []
 
 
 # -- validation split ------------------------------------------------------------------------------

@@ -1,0 +1,137 @@
+"""GP-Tree speed: Polya-Gamma draws and Gibbs sweeps, ours against the reference scheme, one run.
+
+1. PG(1, z) draws per second, ``inference.polya_gamma.random_polyagamma`` (torch, one thread,
+   float64 and float32) against the ``polyagamma`` package (single-threaded C) on the same z:
+   ``z ~ N(0, 9)`` and a GP-Tree-like z (the latent f of the chains of a fitted root node of
+   GP-Tree on 10 letter classes, 30 per class).
+2. Gibbs sweeps per second for one 200-point node (and one 800-point node) with 30 chains: our
+   engine (PG draws on the device of the state) against the reference scheme (the same engine with
+   ``pg_sampler="polyagamma"``: f copied to the host, PG draws by the polyagamma package,
+   copied back, as the reference code does with pypolyagamma every step).
+
+Writes ``benchmarks/results/gp_tree.json`` (machine, load average, times).
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/gp_tree.py [--draws 1000000] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+from _timing import best_of
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _letter_node_z(num: int) -> np.ndarray:
+    """z of a real node: the chains' f at the root of GP-Tree on 10 letter classes."""
+    from ppl_cl import Batch
+    from ppl_cl.experiments.gp_tree import _class_subset, letter_split
+    from ppl_cl.learners.gp_tree import GPTree
+
+    xtr, ytr, xte, yte = letter_split()
+    rng = np.random.default_rng(0)
+    classes = np.sort(rng.choice(26, 10, replace=False))
+    xs, ys, _, _ = _class_subset(xtr, ytr, xte, yte, classes, 30, 10, rng)
+    gp = GPTree(num_chains=30, num_steps=10)
+    gp.update(Batch(xs, ys))
+    f = gp.nodes[gp.tree.root]["f_trace"].reshape(-1).numpy()
+    return np.resize(f, num)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--draws", type=int, default=1_000_000)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--node-size", type=int, default=200)
+    p.add_argument("--chains", type=int, default=30)
+    p.add_argument("--large-node-size", type=int, default=800,
+                   help="a second node size (the root of 26 letter classes x 30 rows is 780)")
+    p.add_argument("--sweeps", type=int, default=20)
+    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "gp_tree.json"))
+    args = p.parse_args(argv)
+
+    import torch
+    from polyagamma import random_polyagamma as pg_ref
+
+    from inference.pg_gibbs import PGGibbs, pad_problems
+    from inference.polya_gamma import random_polyagamma
+    from models.gp_tree import NodeKernelParams, node_gram
+
+    torch.set_num_threads(1)
+    result: dict = {
+        "machine": {"cpu": _cpu_name(), "cores_visible": os.cpu_count(),
+                    "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+                    "torch": torch.__version__, "load_average_start": os.getloadavg()},
+        "settings": vars(args),
+        "pg_draws": [],
+    }
+    zs = {"normal_sd3": np.random.default_rng(0).normal(0.0, 3.0, args.draws),
+          "gptree_root_node": _letter_node_z(args.draws)}
+    for name, z in zs.items():
+        row: dict = {"z": name, "z_abs_mean": float(np.abs(z).mean())}
+        rng = np.random.default_rng(1)
+        pg_ref(1.0, z, random_state=rng)
+        t_ref = best_of(lambda: pg_ref(1.0, z, random_state=rng), args.repeats)
+        row["polyagamma_draws_per_s"] = args.draws / t_ref
+        for dtype in (torch.float64, torch.float32):
+            zt = torch.as_tensor(z, dtype=dtype)
+            g = torch.Generator().manual_seed(0)
+            random_polyagamma(1, zt, g)
+            t = best_of(lambda: random_polyagamma(1, zt, g), args.repeats)
+            key = str(dtype).split(".")[-1]
+            row[f"ours_{key}_draws_per_s"] = args.draws / t
+            row[f"ours_{key}_over_polyagamma"] = t_ref / t
+        result["pg_draws"].append(row)
+        print(json.dumps(row))
+
+    # Gibbs sweeps for one node
+    params = NodeKernelParams(torch.tensor(8.0, dtype=torch.float64),
+                              torch.tensor(1.0, dtype=torch.float64), 1e-3)
+    result["gibbs_sweeps"] = []
+    for size in (args.node_size, args.large_node_size):
+        rng = np.random.default_rng(2)
+        X = torch.as_tensor(rng.normal(size=(size, 16)))
+        y = torch.as_tensor((rng.normal(size=size) > 0).astype(np.int64))
+        problem = pad_problems([node_gram(params, X)], [y.to(torch.float64) - 0.5])
+        sweeps = {}
+        for scheme in ("torch", "polyagamma"):
+            engine = PGGibbs(num_chains=args.chains, pg_sampler=scheme)
+            state = engine.init(problem, seed=0)
+            n_sweeps = args.sweeps if size == args.node_size else max(2, args.sweeps // 5)
+
+            def run():
+                s = state
+                for _ in range(n_sweeps):
+                    s, _ = engine.step(None, s, problem)
+
+            run()
+            sweeps[scheme] = n_sweeps / best_of(run, args.repeats)
+        row = {"node_size": size, "chains": args.chains,
+               "ours_sweeps_per_s": sweeps["torch"],
+               "reference_scheme_sweeps_per_s": sweeps["polyagamma"],
+               "ours_over_reference": sweeps["torch"] / sweeps["polyagamma"]}
+        result["gibbs_sweeps"].append(row)
+        print(json.dumps(row))
+    result["machine"]["load_average_end"] = os.getloadavg()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

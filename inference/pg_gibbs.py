@@ -1,0 +1,180 @@
+"""Block Gibbs sampling of Polya-Gamma-augmented binary GP nodes, many chains at once.
+
+The sampler of GP-Tree (Achituve et al. 2021, Sect. 2.3 / 3.2, eq. 4) for any node of
+:mod:`models.gp_tree`: with ``K = L L^T`` fixed (the kernel is not sampled),
+
+    omega | f ~ PG(1, f),     f | omega ~ N(Sigma kappa, Sigma),  Sigma = (K^-1 + Omega)^-1.
+
+The Gaussian draw is :func:`models.gp_tree.sample_f_given_omega` (Matheron's rule with one
+Cholesky of ``I + S K S`` per chain, ``S = diag(sqrt(omega))``).
+
+Engine contract (``init(...) -> State``, ``step(rng, state, problem) -> (State, Info)``,
+NamedTuples of tensors, randomness explicit): the torch ``Generator`` state (uint8 tensor) lives
+in :class:`GibbsState`, so ``rng`` is unused (pass ``None``) and the same state gives the same
+chain. The state is ``(f, omega)`` for ``C`` parallel chains of ``G`` nodes:
+
+* ``G`` nodes of one tree level are sampled in one batched call: :func:`pad_problems` stacks
+  their covariances into ``(G, n_max, n_max)`` with an identity block on the padding and
+  ``kappa = 0`` there. A padded point is then a priori independent of the real ones, so it
+  cannot change their conditionals (``Sigma`` stays block diagonal) and the real block of each
+  node is sampled exactly as alone.
+* ``init`` draws ``f`` from the prior ``N(0, K)`` and ``omega | f`` (the reference
+  initialization, GP_Tree/gp_model_gibbs.py ``initial_gibbs_state``); ``step`` draws
+  ``f | omega`` and then ``omega | f``, as the reference's ``next_gibbs_state``.
+
+Every PG draw happens on the device of the state through :func:`inference.polya_gamma.
+random_polyagamma`; ``pg_sampler="polyagamma"`` selects the reference scheme instead (draws by
+the ``polyagamma`` package on a host copy of ``f`` at every step, as the reference code does
+with pypolyagamma) for speed comparisons.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from inference.polya_gamma import random_polyagamma, random_polyagamma_reference
+from models.gp_tree import sample_f_given_omega
+
+__all__ = ["GibbsProblem", "GibbsState", "GibbsInfo", "PGGibbs", "pad_problems", "unpad"]
+
+
+class GibbsProblem(NamedTuple):
+    """The fixed inputs of ``G`` nodes' conditionals.
+
+    Attributes:
+        K: prior covariance per node, ``(G, n, n)`` (identity on padding).
+        L: ``chol(K)`` per node, ``(G, n, n)`` (identity on padding).
+        kappa: ``y - 1/2`` per node, ``(G, n)`` (0 on padding).
+        mask: ``(G, n)`` bool, True for real points.
+    """
+
+    K: Tensor
+    L: Tensor
+    kappa: Tensor
+    mask: Tensor
+
+
+class GibbsState(NamedTuple):
+    """Chains of the augmented posterior: ``f, omega (G, C, n)``, the generator state
+    (``torch.Generator.get_state()``) and the number of sweeps done (0-d int64)."""
+
+    f: Tensor
+    omega: Tensor
+    rng_state: Tensor
+    step: Tensor
+
+
+class GibbsInfo(NamedTuple):
+    """Per sweep: ``log p(y | omega_prev, X)`` of eq. 10 for every node and chain ``(G, C)``
+    (at the omega the f-draw conditioned on; a free by-product of the draw); padding adds a
+    constant ``-n_pad log 2`` only, so :func:`unpad` users compare within a node."""
+
+    log_marginal: Tensor
+
+
+def pad_problems(Ks: Sequence[Tensor], kappas: Sequence[Tensor],
+                 Ls: Sequence[Tensor] | None = None) -> GibbsProblem:
+    """Stack nodes of different sizes into one :class:`GibbsProblem` (identity / 0 padding);
+    ``Ls`` (the Cholesky factors of ``Ks``) are computed when not given."""
+    from models.linalg_torch import jitter_cholesky
+
+    if Ls is None:
+        Ls = [jitter_cholesky(K, name="K") for K in Ks]
+    n_max = max(int(K.shape[-1]) for K in Ks)
+    like = Ks[0]
+    G = len(Ks)
+    K_all = torch.eye(n_max, dtype=like.dtype, device=like.device).repeat(G, 1, 1)
+    L_all = K_all.clone()
+    kappa_all = torch.zeros(G, n_max, dtype=like.dtype, device=like.device)
+    mask = torch.zeros(G, n_max, dtype=torch.bool, device=like.device)
+    for g, (K, L, kappa) in enumerate(zip(Ks, Ls, kappas)):
+        n = K.shape[-1]
+        K_all[g, :n, :n] = K
+        L_all[g, :n, :n] = L
+        kappa_all[g, :n] = kappa
+        mask[g, :n] = True
+    return GibbsProblem(K_all, L_all, kappa_all, mask)
+
+
+def unpad(x: Tensor, problem: GibbsProblem, g: int) -> Tensor:
+    """Node ``g``'s real points of ``x (G, C, n)`` -> ``(C, n_g)``."""
+    n = int(problem.mask[g].sum())
+    return x[g, :, :n]
+
+
+class PGGibbs:
+    """Block Gibbs engine for Polya-Gamma augmented binary GP nodes.
+
+    Args:
+        num_chains: parallel chains ``C`` (ref: 30 in FSCIL, 20 / 10 in Table 1).
+        pg_sampler: ``"torch"`` (on-device exact sampler) or ``"polyagamma"`` (host reference).
+    """
+
+    def __init__(self, num_chains: int = 30, pg_sampler: Literal["torch", "polyagamma"] = "torch"):
+        if not isinstance(num_chains, int) or num_chains < 1:
+            raise ValueError(f"num_chains: expected an int >= 1, received {num_chains!r}")
+        if pg_sampler not in ("torch", "polyagamma"):
+            raise ValueError(f"pg_sampler: expected 'torch' or 'polyagamma', received {pg_sampler!r}")
+        self.num_chains = num_chains
+        self.pg_sampler = pg_sampler
+
+    # -- randomness ----------------------------------------------------------------------------
+    @staticmethod
+    def _generator(state_bytes: Tensor, device: torch.device) -> torch.Generator:
+        g = torch.Generator(device=device)
+        g.set_state(state_bytes)
+        return g
+
+    def _omega(self, f: Tensor, g: torch.Generator) -> Tensor:
+        if self.pg_sampler == "torch":
+            return random_polyagamma(1, f, g, validate=False)
+        # reference scheme: host copy, numpy draw seeded from the torch generator, copy back
+        seed = int(torch.randint(0, 2**62, (1,), generator=g, device=f.device).item())
+        return random_polyagamma_reference(1, f, seed=np.random.default_rng(seed))
+
+    # -- contract ------------------------------------------------------------------------------
+    def init(self, problem: GibbsProblem, seed: int | torch.Generator = 0) -> GibbsState:
+        """Chains started at ``f ~ N(0, K)``, ``omega ~ PG(1, f)``."""
+        device = problem.L.device
+        if isinstance(seed, torch.Generator):
+            g = seed
+        else:
+            g = torch.Generator(device=device)
+            g.manual_seed(int(seed))
+        G, n = problem.kappa.shape
+        eps = torch.randn(G, self.num_chains, n, dtype=problem.L.dtype, device=device, generator=g)
+        f = (problem.L.unsqueeze(1) @ eps.unsqueeze(-1)).squeeze(-1)
+        omega = self._omega(f, g)
+        return GibbsState(f, omega, g.get_state(), torch.zeros((), dtype=torch.int64))
+
+    def step(self, rng, state: GibbsState, problem: GibbsProblem) -> tuple[GibbsState, GibbsInfo]:
+        """One sweep: ``f | omega`` (eq. 4, Gaussian), then ``omega | f`` (PG)."""
+        del rng  # randomness is carried in the state
+        g = self._generator(state.rng_state, problem.L.device)
+        eps0 = torch.randn(state.f.shape, dtype=state.f.dtype, device=state.f.device, generator=g)
+        eps1 = torch.randn(state.f.shape, dtype=state.f.dtype, device=state.f.device, generator=g)
+        f, log_marg = sample_f_given_omega(problem.K.unsqueeze(1), problem.L.unsqueeze(1),
+                                           state.omega, problem.kappa.unsqueeze(1), eps0, eps1)
+        omega = self._omega(f, g)
+        return (GibbsState(f, omega, g.get_state(), state.step + 1), GibbsInfo(log_marg))
+
+    def run(self, problem: GibbsProblem, num_steps: int, seed: int | torch.Generator = 0,
+            state: GibbsState | None = None, keep: bool = False
+            ) -> tuple[GibbsState, GibbsInfo, dict[str, Tensor] | None]:
+        """``init`` (unless ``state`` is given) then ``num_steps`` sweeps; with ``keep`` the draws
+        of every sweep, ``{"f", "omega"}: (num_steps, G, C, n)``, are returned too."""
+        state = self.init(problem, seed) if state is None else state
+        trace: dict[str, list[Tensor]] = {"f": [], "omega": []}
+        info = GibbsInfo(torch.zeros(problem.kappa.shape[0], self.num_chains,
+                                     dtype=problem.L.dtype, device=problem.L.device))
+        for _ in range(num_steps):
+            state, info = self.step(None, state, problem)
+            if keep:
+                trace["f"].append(state.f)
+                trace["omega"].append(state.omega)
+        draws = {k: torch.stack(v) for k, v in trace.items()} if keep and num_steps else None
+        return state, info, draws

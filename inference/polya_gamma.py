@@ -1,0 +1,375 @@
+"""Polya-Gamma draws in torch, exact in distribution, on the device of the tilting parameter.
+
+``omega ~ PG(b, z)`` (Polson, Scott & Windle 2013, "Bayesian inference for logistic models using
+Polya-Gamma latent variables", JASA; PSW below) is the infinite convolution
+
+    omega = 1 / (2 pi^2) sum_{k>=1} g_k / ((k - 1/2)^2 + z^2 / (4 pi^2)),   g_k ~ Gamma(b, 1),
+
+with ``E[omega] = b tanh(z/2) / (2 z)`` and
+``Var[omega] = b (sinh z - z) / (4 z^3 cosh^2(z/2))`` (``b/4`` and ``b/24`` at ``z = 0``).
+
+Method for ``b = 1`` (PSW Sect. 4 / Algorithm 1, Devroye's alternating-series method): draw
+``X ~ J*(1, c)``, ``c = |z|/2``, and return ``X / 4``. ``J*(1, c)`` has density
+``cosh(c) exp(-c^2 x / 2) f(x)`` with ``f(x) = sum_n (-1)^n a_n(x)``, where
+
+    a_n(x) = pi (n + 1/2) (2 / (pi x))^{3/2} exp(-2 (n + 1/2)^2 / x)     x <= t,
+    a_n(x) = pi (n + 1/2) exp(-(n + 1/2)^2 pi^2 x / 2)                    x >  t,
+
+``t = 0.64``. The partial sums bracket ``f`` from above and below (odd / even n), so a proposal
+from ``g(x) ~ exp(-c^2 x / 2) a_0(x)`` is accepted when ``U a_0(X)`` falls below a lower partial
+sum and rejected when above an upper one. The proposal is a mixture:
+
+* ``x > t``: ``t + Exp(1) / K``, ``K = pi^2 / 8 + c^2 / 2`` (truncated exponential);
+* ``x <= t``: inverse Gaussian ``IG(mu = 1/c, 1)`` truncated to ``(0, t]``: for ``mu > t`` by
+  ``X = t / (1 + t E)^2`` (``E, E'`` exponential with ``E^2 <= 2 E' / t``) accepted with
+  probability ``exp(-c^2 X / 2)``; for ``mu <= t`` by the Michael-Schucany-Haas transform of a
+  chi-square(1) draw, repeated until ``X <= t``;
+
+with mixture weight ``p / (p + q)``, ``p = pi / (2K) exp(-K t)``,
+``q = 2 exp(-c) Phi_IG(t | 1/c, 1)`` (PSW eqs. in Sect. 4.2; evaluated in log space).
+
+Vectorization: every element runs the same program under masks. A Python ``while`` loops over
+*rejection rounds* of the still-unaccepted elements only (each round is a handful of tensor
+operations on the pending elements; PSW show the acceptance rate exceeds 0.9992, so almost every
+element is done after one round); small pending sets draw several proposals per element in one
+round and keep the first accepted (the same sampler, fewer rounds). The only value read on the
+host is the size of the pending set that ends a loop. No element is ever copied to the host.
+
+Integer ``b > 1``: a sum of ``b`` independent ``PG(1, z)`` draws (PSW Sect. 2, the PG family is
+closed under convolution in b).
+
+The reference path :func:`random_polyagamma_reference` calls the ``polyagamma`` package (Zhou's
+C implementation of the same and other methods) on host copies; tests validate this module
+against it (two-sample Kolmogorov-Smirnov) and against the closed-form moments.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["random_polyagamma", "random_polyagamma_reference", "polyagamma_mean",
+           "polyagamma_variance", "TRUNCATION"]
+
+TRUNCATION = 0.64
+"""The switch point ``t`` of the two series representations (PSW Sect. 4.1: 0.64 maximises
+the acceptance rate)."""
+
+_HALF_PI = 0.5 * math.pi
+_PI2_8 = math.pi ** 2 / 8.0
+
+
+# -- closed-form moments -------------------------------------------------------------------
+def polyagamma_mean(b, z: Tensor) -> Tensor:
+    """``E[PG(b, z)] = b tanh(z / 2) / (2 z)`` (``b / 4`` at ``z = 0``), elementwise."""
+    z = torch.as_tensor(z)
+    az = z.abs()
+    small = az < 1e-4
+    safe = torch.where(small, torch.ones_like(az), az)
+    z2 = az * az
+    out = torch.where(small, 0.25 - z2 / 48.0 + z2 * z2 / 480.0,
+                      torch.tanh(safe / 2.0) / (2.0 * safe))
+    return b * out
+
+
+def polyagamma_variance(b, z: Tensor) -> Tensor:
+    """``Var[PG(b, z)] = b (sinh z - z) / (4 z^3 cosh^2(z/2))`` (``b / 24`` at ``z = 0``)."""
+    z = torch.as_tensor(z)
+    az = z.abs()
+    small = az < 1e-2
+    safe = torch.where(small, torch.ones_like(az), az)
+    # sinh(z) - z loses digits for small z: Taylor series there (z^3/6 + z^5/120 + ...)
+    big = (torch.sinh(safe) - safe) / (4.0 * safe ** 3 * torch.cosh(safe / 2.0) ** 2)
+    z2 = az * az
+    series = 1.0 / 24.0 - z2 / 120.0 + 17.0 * z2 * z2 / 13440.0
+    return b * torch.where(small, series, big)
+
+
+# -- the b = 1 sampler -----------------------------------------------------------------------
+def _series_log_rate(x: Tensor, t: float) -> Tensor:
+    """``g(x)`` with ``a_n(x) / a_0(x) = (2n + 1) exp(-n (n + 1) g(x))``: ``g = 2 / x`` for
+    ``x <= t`` and ``g = pi^2 x / 2`` for ``x > t`` (the ratio of two terms of PSW eq. (15))."""
+    return torch.where(x <= t, 2.0 / x, (0.5 * math.pi ** 2) * x)
+
+
+_LOG_CONST = TRUNCATION * math.pi ** 2 / 8.0 - 0.5 / TRUNCATION
+
+
+def _q_over_p(c: Tensor, t: float) -> Tensor:
+    """``q / p``, the odds of the inverse-Gaussian branch against the truncated exponential
+    (PSW Sect. 4.2): ``p = pi / (2K) exp(-K t)``, ``q = 2 exp(-c) Phi_IG(t | 1/c, 1)`` with
+
+        Phi_IG(t | 1/c, 1) = Phi((t c - 1)/sqrt(t)) + exp(2c) Phi(-(t c + 1)/sqrt(t)),
+
+    so ``q / p = 4/pi K [exp(K t - c) Phi(b) + exp(t pi^2/8 - 1/(2t)) erfcx(w) / 2]`` with
+    ``b = (t c - 1)/sqrt(t)`` and ``w = (t c + 1)/sqrt(2t)``: the second term's exponentials
+    cancel exactly (``K t + c - w^2 = t pi^2/8 - 1/(2t)``), and ``Phi(b) >= Phi(-1/sqrt(t))``
+    never vanishes, so an overflow of the first exponential gives ``q/p = inf`` (the exponential
+    branch then has probability 0, as it has to within the uniform's resolution), never NaN."""
+    K = _PI2_8 + 0.5 * c * c
+    rt = math.sqrt(t)
+    first = torch.exp(K * t - c) * torch.special.ndtr((t * c - 1.0) / rt)
+    w = (t * c + 1.0) / (rt * math.sqrt(2.0))
+    # erfcx(w) = exp(w^2) erfc(w); the product form is ~10x cheaper than torch's erfcx on CPU
+    # but erfc underflows for large w (at w ~ 9 in float32, ~ 26 in float64): erfcx there
+    ex = torch.exp(w * w) * torch.special.erfc(w)
+    far = torch.nonzero(w > (8.0 if c.dtype in (torch.float32, torch.float16, torch.bfloat16)
+                             else 25.0)).squeeze(-1)
+    if far.numel():
+        ex[far] = torch.special.erfcx(w[far])
+    second = (0.5 * math.exp(_LOG_CONST)) * ex
+    return (4.0 / math.pi) * K * (first + second)
+
+
+def _uniform(n: int, like: Tensor, generator) -> Tensor:
+    """``U[0, 1)`` draws (compared against probabilities only; ``_exponential`` guards the log)."""
+    return torch.rand(n, dtype=like.dtype, device=like.device, generator=generator)
+
+
+def _exponential(n: int, like: Tensor, generator) -> Tensor:
+    # -log(U) on (0, 1): on CPU about twice as fast as Tensor.exponential_ (measured, 1e6 draws)
+    u = torch.rand(n, dtype=like.dtype, device=like.device, generator=generator)
+    return -torch.log(u.clamp_min(torch.finfo(like.dtype).tiny))
+
+
+def _candidates(n: int, first_round: bool) -> int:
+    """Proposals drawn per pending element in one rejection round: 1 in the first round (most
+    elements accept there), then up to 16 for the few left, where a round costs a fixed number of
+    tensor operations whatever its size; taking the first accepted of ``k`` independent
+    proposals is the same rejection sampler, so the draw stays exact."""
+    return 1 if first_round else max(1, min(16, 4096 // max(n, 1)))
+
+
+def _first_accepted(ok: Tensor, X: Tensor) -> tuple[Tensor, Tensor]:
+    """For ``ok, X (k, n)``: whether any of the k proposals of each element was accepted, and the
+    first accepted one (the k proposals are in draw order)."""
+    if ok.shape[0] == 1:
+        return ok[0], X[0]
+    any_ok = ok.any(0)
+    first = ok.to(torch.int8).argmax(0)
+    return any_ok, X.gather(0, first.unsqueeze(0)).squeeze(0)
+
+
+def _ig_large_mean(c: Tensor, t: float, generator) -> Tensor:
+    """``IG(1/c, 1)`` truncated to ``(0, t]`` when ``1/c > t`` (Devroye 1986 via PSW Sect. 4.2):
+    ``X = t / (1 + t E)^2`` with ``E^2 <= 2 E' / t``, accepted with probability
+    ``exp(-c^2 X / 2)``. ``c``: 1-D; each round works on the still-pending elements only."""
+    out = torch.empty_like(c)
+    idx = torch.arange(c.numel(), device=c.device)
+    cc = c
+    first = True
+    while idx.numel():
+        n = idx.numel()
+        k = _candidates(n, first)
+        first = False
+        E = _exponential(k * n, cc, generator).reshape(k, n)
+        E2 = _exponential(k * n, cc, generator).reshape(k, n)
+        X = t / (1.0 + t * E) ** 2
+        ok = (E * E <= 2.0 * E2 / t) & \
+            (_exponential(k * n, cc, generator).reshape(k, n) >= 0.5 * cc * cc * X)
+        done, Xd = _first_accepted(ok, X)
+        out[idx[done]] = Xd[done]
+        idx, cc = idx[~done], cc[~done]
+    return out
+
+
+def _ig_small_mean(c: Tensor, t: float, generator) -> Tensor:
+    """``IG(1/c, 1)`` truncated to ``(0, t]`` when ``1/c <= t``: the Michael-Schucany-Haas
+    transform of a chi-square(1) draw, repeated until ``X <= t``. ``c``: 1-D, positive."""
+    out = torch.empty_like(c)
+    idx = torch.arange(c.numel(), device=c.device)
+    mu = 1.0 / c
+    first = True
+    while idx.numel():
+        n = idx.numel()
+        k = _candidates(n, first)
+        first = False
+        Y = torch.randn(k * n, dtype=c.dtype, device=c.device, generator=generator).reshape(k, n) ** 2
+        muY = mu * Y
+        X = mu + 0.5 * mu * muY - 0.5 * mu * torch.sqrt(4.0 * muY + muY * muY)
+        U = _uniform(k * n, c, generator).reshape(k, n)
+        X = torch.where(U > mu / (mu + X), mu * mu / X, X)
+        done, Xd = _first_accepted(X <= t, X)
+        out[idx[done]] = Xd[done]
+        idx, mu = idx[~done], mu[~done]
+    return out
+
+
+def _truncated_inverse_gaussian(c: Tensor, t: float, generator) -> Tensor:
+    """``IG(1/c, 1)`` truncated to ``(0, t]`` for every element of a 1-D ``c >= 0``."""
+    out = torch.empty_like(c)
+    big_mu = c * t < 1.0                                       # mu = 1/c > t
+    i_big = torch.nonzero(big_mu).squeeze(-1)
+    i_small = torch.nonzero(~big_mu).squeeze(-1)
+    if i_big.numel():
+        out[i_big] = _ig_large_mean(c[i_big], t, generator)
+    if i_small.numel():
+        out[i_small] = _ig_small_mean(c[i_small], t, generator)
+    return out
+
+
+def _pg1(c: Tensor, generator) -> Tensor:
+    """``J*(1, c) / 4`` for every element of ``c = |z| / 2`` (one draw each).
+
+    Each rejection round proposes for the pending elements (``k`` proposals each, see
+    :func:`_candidates`), runs the alternating series on them (the first two partial sums decide
+    nearly all; later terms are evaluated only on the proposals they have not decided) and keeps
+    the first accepted proposal of every element."""
+    t = TRUNCATION
+    shape = c.shape
+    c = c.reshape(-1)
+    out = torch.empty_like(c)
+    idx = torch.arange(c.numel(), device=c.device)
+    cc = c
+    odds = _q_over_p(cc, t)
+    first = True
+    while idx.numel():
+        n = idx.numel()
+        k = _candidates(n, first)
+        first = False
+        ck = cc if k == 1 else cc.expand(k, n).reshape(-1)
+        ok_ = odds if k == 1 else odds.expand(k, n).reshape(-1)
+        K = _PI2_8 + 0.5 * ck * ck
+        X = t + _exponential(k * n, cc, generator) / K
+        # exponential branch with probability p / (p + q) = 1 / (1 + q/p)
+        i_ig = torch.nonzero(_uniform(k * n, cc, generator) * (1.0 + ok_) >= 1.0).squeeze(-1)
+        if i_ig.numel():
+            X[i_ig] = _truncated_inverse_gaussian(ck[i_ig], t, generator)
+        # alternating series in units of a_0(X): S_n = sum_{k<=n} (-1)^k (2k+1) r^{k(k+1)},
+        # r = exp(-g(X)); accept when U <= S_n (n odd), reject when U > S_n (n even)
+        r = torch.exp(-_series_log_rate(X, t))
+        U = _uniform(k * n, cc, generator)
+        r2 = r * r
+        S1 = 1.0 - 3.0 * r2
+        S2 = S1 + 5.0 * (r2 * r2 * r2)
+        accepted = U <= S1
+        open_ = ~accepted & (U <= S2)                  # not decided by the first two sums
+        i_open = torch.nonzero(open_).squeeze(-1)
+        if i_open.numel():
+            accepted[i_open] = _series_tail(U[i_open], r[i_open], S2[i_open])
+        done, Xd = _first_accepted(accepted.reshape(k, n), X.reshape(k, n))
+        out[idx[done]] = 0.25 * Xd[done]
+        rest = ~done
+        idx, cc, odds = idx[rest], cc[rest], odds[rest]
+    return out.reshape(shape)
+
+
+def _series_tail(U: Tensor, r: Tensor, S: Tensor, max_terms: int = 200) -> Tensor:
+    """Continue the alternating series from ``S = S_2`` for the undecided elements: returns
+    whether each is accepted. Terms fall like ``r^{n(n+1)}``; an element still undecided after
+    ``max_terms`` is rejected (and proposed again), which keeps the draw exact."""
+    accepted = torch.zeros_like(U, dtype=torch.bool)
+    deciding = torch.ones_like(accepted)
+    for n in range(3, max_terms + 1):
+        term = (2 * n + 1) * r ** (n * (n + 1))
+        if n % 2 == 1:
+            S = S - term
+            hit = deciding & (U <= S)
+            accepted |= hit
+            deciding &= ~hit
+        else:
+            S = S + term
+            deciding &= ~(U > S)
+        if not bool(deciding.any()):
+            break
+    return accepted
+
+
+def _check_b(b) -> tuple[int | None, Tensor | None]:
+    """``b`` as a Python int or an integer-valued tensor; raises for non-integer or b <= 0."""
+    if isinstance(b, bool):
+        raise TypeError("b: expected a positive integer (or tensor of them), received a bool")
+    if isinstance(b, (int, np.integer)):
+        if b <= 0:
+            raise ValueError(f"b: expected a positive integer, received {int(b)}")
+        return int(b), None
+    if isinstance(b, float):
+        if not (math.isfinite(b) and b > 0 and b == int(b)):
+            raise ValueError(f"b: expected a positive integer, received {b!r} (only integer b is "
+                             "supported: a sum of b PG(1, z) draws)")
+        return int(b), None
+    bt = torch.as_tensor(b)
+    if bt.is_floating_point():
+        if not bool(torch.isfinite(bt).all()) or not bool((bt == torch.round(bt)).all()):
+            raise ValueError("b: expected positive integers, received non-integer or non-finite "
+                             "values (only integer b is supported)")
+    if bt.numel() and bool((bt <= 0).any()):
+        raise ValueError(f"b: expected positive integers, received values down to "
+                         f"{bt.min().item()}")
+    return None, bt
+
+
+def random_polyagamma(b, z: Tensor, generator: torch.Generator | None = None, *,
+                      validate: bool = True) -> Tensor:
+    """Draws ``omega ~ PG(b, z)``, one per element of ``broadcast(b, z)``.
+
+    Args:
+        b: positive integer shape: a Python int, or an integer-valued tensor broadcastable
+            with ``z`` (a sum of ``b`` exact ``PG(1, z)`` draws).
+        z: tilting parameters, any shape, any floating dtype, any device; the draws have its
+            dtype and device.
+        generator: a ``torch.Generator`` on ``z.device`` (None: torch's default generator).
+        validate: check ``b`` and that ``z`` is finite (each check reads one scalar on the
+            host); engines that already know their inputs pass ``False``.
+
+    Returns:
+        Tensor of shape ``broadcast(b, z).shape``, dtype and device of ``z``.
+
+    Raises:
+        ValueError: ``b <= 0``, non-integer ``b``, or NaN / inf in ``z``.
+    """
+    if not isinstance(z, Tensor):
+        z = torch.as_tensor(z, dtype=torch.get_default_dtype())
+    if not z.is_floating_point():
+        z = z.to(torch.get_default_dtype())
+    if validate:
+        b_int, b_t = _check_b(b)
+        if z.numel() and not bool(torch.isfinite(z).all()):
+            raise ValueError("z: expected finite tilting parameters, received NaN or inf")
+    else:
+        b_int, b_t = (int(b), None) if isinstance(b, (int, np.integer)) else (None, torch.as_tensor(b))
+    return _random_pg_counts(b_int if b_t is None else b_t, z, generator)
+
+
+def _random_pg_counts(b, z: Tensor, generator) -> Tensor:
+    """``PG(b, z)`` for integer ``b >= 0`` (``PG(0, z) = 0``), no checks. Used by samplers whose
+    shape parameters are counts that may be zero (the logistic-softmax baseline)."""
+    c = 0.5 * z.abs()
+    if isinstance(b, int):
+        if b == 0:
+            return torch.zeros_like(z)
+        if b == 1:
+            return _pg1(c, generator)
+        return _pg1(c.expand(b, *c.shape).contiguous(), generator).sum(0)
+    b = b.to(device=z.device)
+    shape = torch.broadcast_shapes(b.shape, z.shape)
+    c = c.expand(shape)
+    b = b.expand(shape)
+    b_max = int(b.max().item()) if b.numel() else 0
+    if b_max == 0:
+        return torch.zeros(shape, dtype=z.dtype, device=z.device)
+    if b_max == 1:
+        return torch.where(b > 0, _pg1(c.contiguous(), generator), torch.zeros_like(c))
+    draws = _pg1(c.expand(b_max, *shape).contiguous(), generator)       # (b_max, ...)
+    k = torch.arange(b_max, device=z.device).reshape(b_max, *([1] * len(shape)))
+    return torch.where(k < b.unsqueeze(0), draws, torch.zeros_like(draws)).sum(0)
+
+
+def random_polyagamma_reference(b, z: Tensor, seed: int | np.random.Generator | None = None
+                                ) -> Tensor:
+    """The reference path: the ``polyagamma`` package on a host copy of ``z`` (the scheme of the
+    GP-Tree reference code, which draws with pypolyagamma on the CPU and copies back every
+    Gibbs step). Returns a tensor with the dtype and device of ``z``."""
+    from polyagamma import random_polyagamma as pg_host
+
+    zt = z if isinstance(z, Tensor) else torch.as_tensor(z, dtype=torch.get_default_dtype())
+    b_int, b_t = _check_b(b)
+    z_np = zt.detach().cpu().double().numpy()
+    h = float(b_int) if b_t is None else b_t.detach().cpu().double().numpy()
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    shape = np.broadcast_shapes(np.shape(h), z_np.shape)
+    out = pg_host(h, z_np, size=shape if shape else None, random_state=rng)
+    return torch.as_tensor(np.asarray(out, dtype=np.float64), device=zt.device).to(zt.dtype)

@@ -1,0 +1,419 @@
+"""GP-ELLA experiments (Clingerman & Eaton 2017, Sect. 5): Fig. 2 (rMSE) and Table 1 (time)
+for GP-ELLA and its four baselines on the paper's data sets.
+
+* ``gpella-synthetic`` — 100 linear factorized tasks, d = 13, 6 latent bases (Sect. 5.1);
+* ``gpella-robot-arm`` — 113 simulated 8-DOF arms (distance of the end effector to a point);
+* ``gpella-schools`` — London schools, 139 tasks, d = 27;
+* ``gpella-parkinsons`` — Parkinson's telemonitoring, 42 patients, 16 voice features;
+  ``--set target=total`` for total UPDRS (default motor UPDRS).
+
+Protocol (Sect. 5.2), per run: every task split at random 50/50 into train / test; features
+standardized with the pooled training statistics, then features and targets centred with
+each task's training means; tasks presented in a random order to the lifelong learners (and
+all at once to the batch ones); k, mu, lambda of GP-ELLA and of ELLA tuned on the first five
+tasks (their training data split 50/50 into sub-train / validation, grid k in 2, 4, ..., 2d
+and mu, lambda in exp{-12, -8, -4, 0}, best validation MSE), then all tasks learned with the
+tuned values; rMSE over all test points of all tasks after the last task. Times are the
+seconds of learning all tasks plus predicting all test sets (tuning excluded, as in Table 1).
+
+Where we differ from the paper (each is a field): features are standardized (theta is an
+inverse squared lengthscale, in units of 1 / feature^2; Parkinson's feature scales span five orders
+of magnitude); the batch baselines fit and condition on at most ``batch_max_train`` pooled
+points; ``k_max`` can cap the k grid.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from ppl_cl.configs.gp_ella import GPELLAConfig
+from ppl_cl.experiments.base import PaperNumber, RunContext, register
+
+METHODS = ("gp_ella", "individual", "shared", "mtgp", "mtgp_rank2", "ella")
+LABELS = {"gp_ella": "GP-ELLA", "individual": "Indiv. GPs", "shared": "Shared GP",
+          "mtgp": "MTGP (rank 1)", "mtgp_rank2": "MTGP (rank 2)", "ella": "ELLA"}
+
+_TABLE1 = "Clingerman & Eaton 2017, Table 1 (GP-ELLA / Indiv. GPs seconds)"
+
+
+@dataclass
+class GPELLAProtocolConfig:
+    """Fields of the Sect. 5.2 protocol shared by the four experiments."""
+
+    n_runs: int = 10
+    """Runs (random splits and task orders); Sect. 5.2: 10."""
+    n_tasks: int = 0
+    """Use the first n tasks of the data set (0: all)."""
+    tune: bool = True
+    """Tune k, mu, lambda on the first five tasks (Sect. 5.2); False uses the learner fields."""
+    tune_tasks: int = 5
+    """Tasks used for tuning (Sect. 5.2: the first five)."""
+    k_max: int = 0
+    """Largest k of the tuning grid 2, 4, ..., (0: 2d as in Sect. 5.2)."""
+    grid_exponents: tuple[float, ...] = (-12.0, -8.0, -4.0, 0.0)
+    """mu and lambda are tuned over exp(e) for these e (Sect. 5.2)."""
+    methods: tuple[str, ...] = METHODS
+    """Methods to run (subset of gp_ella, individual, shared, mtgp, mtgp_rank2, ella)."""
+    batch_max_train: int = 1000
+    """Pooled training points the shared GP and the MTGPs fit and condition on (ours)."""
+    warmup: bool = True
+    """Compile the GP-ELLA and individual-GP functions on the first run's data before timing."""
+    learner: GPELLAConfig = field(default_factory=GPELLAConfig)
+    """GP-ELLA's config; its single-task GP fields are used by the GP baselines too."""
+
+
+@dataclass
+class SyntheticConfig(GPELLAProtocolConfig):
+    """``gpella-synthetic``: :func:`ppl_cl.data.synthetic.ella_linear_tasks`."""
+
+    tasks_total: int = 100
+    """Tasks generated (Sect. 5.1: 100)."""
+    n_per_task: int = 100
+    """Instances per task (Sect. 5.1: 100)."""
+    dim: int = 13
+    """Features (Sect. 5.1: 13)."""
+    n_latent: int = 6
+    """Latent basis vectors (Sect. 5.1: 6)."""
+    noise_std: float = 1.0
+    """Label noise (not given by the paper; ours)."""
+
+
+@dataclass
+class RobotArmConfig(GPELLAProtocolConfig):
+    """``gpella-robot-arm``: :func:`ppl_cl.data.synthetic.robot_arm_tasks`."""
+
+    tasks_total: int = 113
+    """Arms (Sect. 5.1: 113)."""
+    min_configs: int = 50
+    """Configurations per arm, at least (Sect. 5.1: >= 50)."""
+    max_configs: int = 100
+    """Configurations per arm, at most (ours)."""
+
+
+@dataclass
+class SchoolsConfig(GPELLAProtocolConfig):
+    """``gpella-schools``: :func:`ppl_cl.data.loaders.load_schools` (139 schools, d = 27)."""
+
+
+@dataclass
+class ParkinsonsConfig(GPELLAProtocolConfig):
+    """``gpella-parkinsons``: :func:`ppl_cl.data.loaders.load_parkinsons` (42 patients)."""
+
+    target: str = "motor"
+    """``motor`` (motor UPDRS) or ``total`` (total UPDRS); the paper runs both."""
+
+
+# ---------------------------------------------------------------------------------------------
+# protocol
+# ---------------------------------------------------------------------------------------------
+def split_and_center(tasks: list[tuple[np.ndarray, np.ndarray]], rng: np.random.Generator):
+    """50/50 split per task; features standardized with pooled training statistics, then
+    features and targets centred on each task's training means (Sect. 5.2)."""
+    raw = []
+    for x, y in tasks:
+        perm = rng.permutation(len(y))
+        h = len(y) // 2 if len(y) > 1 else 1
+        raw.append((x[perm[:h]], y[perm[:h]], x[perm[h:]], y[perm[h:]]))
+    Xtr = np.concatenate([r[0] for r in raw])
+    mean, std = Xtr.mean(axis=0), Xtr.std(axis=0)
+    std = np.where(std > 0, std, 1.0)
+    out = []
+    for xt, yt, xs, ys in raw:
+        xt, xs = (xt - mean) / std, (xs - mean) / std
+        mx, my = xt.mean(axis=0), yt.mean()
+        out.append((xt - mx, yt - my, xs - mx, ys - my))
+    return out
+
+
+def _k_grid(d: int, k_max: int) -> list[int]:
+    top = 2 * d if k_max <= 0 else min(k_max, 2 * d)
+    return list(range(2, top + 1, 2))
+
+
+def _pooled_rmse(preds: list[np.ndarray], ys: list[np.ndarray]) -> float:
+    err = np.concatenate([p - y for p, y in zip(preds, ys)])
+    return float(np.sqrt(np.mean(err ** 2)))
+
+
+def _grid_search(sub: list, ks: list[int], exps: tuple, learn) -> dict[str, Any]:
+    """The validation MSE of ``learn(k, mu, lam)`` (a learner fitted on ``sub``'s sub-train
+    sets) over the grid k in ``ks``, log mu and log lambda in ``exps``; the best setting."""
+    best = (math.inf, None)
+    for k in ks:
+        for em in exps:
+            for el in exps:
+                learner = learn(k, math.exp(em), math.exp(el))
+                mse = np.mean(np.concatenate([(learner.predict(xv, t).mean - yv) ** 2
+                                              for t, (_, _, xv, yv) in enumerate(sub)]))
+                if mse < best[0]:
+                    best = (float(mse), (k, em, el))
+    k, em, el = best[1]
+    return {"num_components": k, "mu": math.exp(em), "lam": math.exp(el), "val_mse": best[0]}
+
+
+def tune_gp_ella(sub: list, base: GPELLAConfig, ks: list[int], exps: tuple) -> dict[str, Any]:
+    """Grid search of k, mu, lambda on ``sub`` = [(x_subtrain, y_subtrain, x_val, y_val)]; the
+    single-task fits do not depend on them and are computed once."""
+    from inference.gp_ella import fit_single_task
+    from ppl_cl import Batch
+    from ppl_cl.learners.gp_ella import GPELLA
+
+    opts = dict(max_iterations=base.max_iterations, min_noise_variance=base.min_noise_variance,
+                theta_bounds=(base.theta_lower, base.theta_upper),
+                init_noise_ratio=base.init_noise_ratio, hessian=base.hessian,
+                pad_multiple=base.pad_multiple)
+    fits = [fit_single_task(xt, yt - yt.mean(), **opts) for xt, yt, _, _ in sub]
+
+    def learn(k, mu, lam):
+        g = GPELLA(replace(base, num_components=k, mu=mu, lam=lam))
+        for t, ((xt, yt, _, _), fit) in enumerate(zip(sub, fits)):
+            g.update(Batch(xt, yt, task_id=t), single_task_fit=fit)
+        return g
+
+    return _grid_search(sub, ks, exps, learn)
+
+
+def tune_ella(sub: list, base, ks: list[int], exps: tuple) -> dict[str, Any]:
+    from ppl_cl import Batch
+    from ppl_cl.learners.gp_ella_baselines import LinearELLA
+
+    def learn(k, mu, lam):
+        e = LinearELLA(replace(base, num_components=k, mu=mu, lam=lam))
+        for t, (xt, yt, _, _) in enumerate(sub):
+            e.update(Batch(xt, yt, task_id=t))
+        return e
+
+    return _grid_search(sub, ks, exps, learn)
+
+
+def _build(method: str, config: GPELLAProtocolConfig, tuned: dict, seed: int):
+    from ppl_cl.configs.gp_ella import (IndividualGPConfig, LinearELLAConfig, MultiTaskGPConfig,
+                                        SharedGPConfig)
+    from ppl_cl.learners.gp_ella import GPELLA
+    from ppl_cl.learners.gp_ella_baselines import IndividualGPs, LinearELLA, MultiTaskGP, SharedGP
+
+    c = config.learner
+    gp = dict(max_iterations=c.max_iterations, min_noise_variance=c.min_noise_variance,
+              init_noise_ratio=c.init_noise_ratio, theta_lower=c.theta_lower,
+              theta_upper=c.theta_upper, pad_multiple=c.pad_multiple)
+    if method == "gp_ella":
+        return GPELLA(replace(c, seed=seed, **tuned.get("gp_ella", {})))
+    if method == "individual":
+        return IndividualGPs(IndividualGPConfig(**gp))
+    if method == "shared":
+        return SharedGP(SharedGPConfig(**gp, max_train=config.batch_max_train, seed=seed))
+    if method in ("mtgp", "mtgp_rank2"):
+        return MultiTaskGP(MultiTaskGPConfig(**gp, rank=1 if method == "mtgp" else 2,
+                                             max_train=config.batch_max_train, seed=seed))
+    if method == "ella":
+        return LinearELLA(LinearELLAConfig(seed=seed, **tuned.get("ella", {})))
+    raise ValueError(f"methods: unknown method {method!r}; expected some of {METHODS}")
+
+
+def run_method(method: str, config, tuned: dict, seed: int, data: list, order: np.ndarray
+               ) -> tuple[float, float, Any]:
+    """Learn all tasks (in ``order``) and predict every test set; ``(rmse, seconds, learner)``."""
+    from ppl_cl import Batch
+
+    learner = _build(method, config, tuned, seed)
+    t0 = time.perf_counter()
+    for t in order:
+        xt, yt, _, _ = data[t]
+        learner.update(Batch(xt, yt, task_id=int(t)))
+    preds = [learner.predict(data[t][2], int(t)).mean for t in range(len(data))]
+    seconds = time.perf_counter() - t0
+    return _pooled_rmse(preds, [d[3] for d in data]), seconds, learner
+
+
+def run_protocol(tasks: list, config: GPELLAProtocolConfig, ctx: RunContext, name: str) -> dict:
+    import jax
+
+    from ppl_cl.learners.gp_ella import _synchronous_cpu_dispatch
+    from ppl_cl.numerics import enable_x64
+
+    enable_x64()
+    _synchronous_cpu_dispatch()
+    bad = set(config.methods) - set(METHODS)
+    if bad:
+        raise ValueError(f"methods: unknown {sorted(bad)}; expected some of {METHODS}")
+    if config.n_tasks:
+        tasks = tasks[: config.n_tasks]
+    d = tasks[0][0].shape[1]
+    ks = _k_grid(d, config.k_max)
+    results: dict[str, dict[str, list]] = {m: {"rmse": [], "seconds": []} for m in config.methods}
+    tuned_log: list[dict] = []
+    with jax.default_device(ctx.jax_device()):
+        for run in ctx.progress(range(config.n_runs), desc=name):
+            saved = ctx.load_checkpoint(f"run{run}")
+            if saved is not None:  # --resume: this run finished before the stop
+                for m in config.methods:
+                    results[m]["rmse"].append(float(saved["results"][m]["rmse"]))
+                    results[m]["seconds"].append(float(saved["results"][m]["seconds"]))
+                if saved.get("tuned"):
+                    tuned_log.append(saved["tuned"])
+                continue
+            rng = np.random.default_rng([ctx.seed, run])
+            data = split_and_center(tasks, rng)
+            order = rng.permutation(len(data))
+            tuned: dict[str, dict] = {}
+            if config.tune:
+                sub = []
+                for t in order[: config.tune_tasks]:
+                    xt, yt, _, _ = data[t]
+                    p = rng.permutation(len(yt))
+                    h = max(1, len(yt) // 2)
+                    sub.append((xt[p[:h]], yt[p[:h]], xt[p[h:]], yt[p[h:]]))
+                t0 = time.perf_counter()
+                if "gp_ella" in config.methods:
+                    tuned["gp_ella"] = tune_gp_ella(sub, config.learner, ks, config.grid_exponents)
+                if "ella" in config.methods:
+                    from ppl_cl.configs.gp_ella import LinearELLAConfig
+
+                    tuned["ella"] = tune_ella(sub, LinearELLAConfig(), ks, config.grid_exponents)
+                tuned_log.append({m: {k: v for k, v in p.items()} for m, p in tuned.items()})
+                ctx.log(f"run {run}: tuned {tuned_log[-1]} in {time.perf_counter() - t0:.1f} s")
+            tuned = {m: {k: v for k, v in p.items() if k != "val_mse"} for m, p in tuned.items()}
+            if run == 0 and config.warmup:
+                for m in ("gp_ella", "individual"):
+                    if m in config.methods:
+                        run_method(m, config, tuned, ctx.seed, data, order)
+            for m in config.methods:
+                rmse, sec, _ = run_method(m, config, tuned, ctx.seed + run, data, order)
+                results[m]["rmse"].append(rmse)
+                results[m]["seconds"].append(sec)
+                ctx.log(f"run {run}: {m} rmse {rmse:.4f} in {sec:.2f} s")
+            ctx.save_checkpoint(f"run{run}", {
+                "results": {m: {"rmse": results[m]["rmse"][-1],
+                                "seconds": results[m]["seconds"][-1]} for m in config.methods},
+                "tuned": tuned_log[-1] if config.tune else {}})
+    return summarize(results, tuned_log, config, ctx)
+
+
+def _mean_se(v: list[float]) -> tuple[float, float]:
+    a = np.asarray(v, np.float64)
+    return float(a.mean()), float(a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else 0.0
+
+
+def summarize(results: dict, tuned_log: list, config, ctx: RunContext) -> dict:
+    summary: dict[str, Any] = {"n_runs": config.n_runs}
+    key = {"gp_ella": "gp_ella", "individual": "individual", "shared": "shared", "mtgp": "mtgp",
+           "mtgp_rank2": "mtgp_rank2", "ella": "ella"}
+    for m, r in results.items():
+        mean, se = _mean_se(r["rmse"])
+        summary[f"rmse_{key[m]}"] = mean
+        summary[f"rmse_{key[m]}_se"] = se
+        tm, tse = _mean_se(r["seconds"])
+        summary[f"time_{key[m]}_s"] = tm
+        summary[f"time_{key[m]}_se"] = tse
+    if "gp_ella" in results and "individual" in results:
+        ratio = np.asarray(results["gp_ella"]["seconds"]) / np.asarray(results["individual"]["seconds"])
+        summary["time_ratio_vs_individual"] = float(ratio.mean())
+        summary["time_ratio_vs_individual_se"] = _mean_se(list(ratio))[1]
+        summary["gp_ella_beats_individual_runs"] = int(np.sum(
+            np.asarray(results["gp_ella"]["rmse"]) < np.asarray(results["individual"]["rmse"])))
+    if "gp_ella" in results and "ella" in results:
+        summary["gp_ella_beats_ella_runs"] = int(np.sum(
+            np.asarray(results["gp_ella"]["rmse"]) < np.asarray(results["ella"]["rmse"])))
+    if tuned_log and "gp_ella" in tuned_log[0]:
+        summary["tuned_k_median"] = float(np.median([t["gp_ella"]["num_components"] for t in tuned_log]))
+    table = table1_markdown(results)
+    (ctx.out_dir / "table1.md").write_text(table)
+    ctx.savefig(fig2_rmse(results), "fig2_rmse")
+    return {"summary": summary, "per_run": results, "tuned": tuned_log, "table1": table,
+            "units": "rMSE over all test points of all tasks in target units (after per-task "
+                     "centring); times in seconds of learning all tasks and predicting all test "
+                     "sets, tuning excluded; _se: standard error over runs"}
+
+
+def table1_markdown(results: dict) -> str:
+    """Table 1: seconds (mean ± standard error over runs) and the ratio to individual GPs."""
+    base = np.asarray(results["individual"]["seconds"]) if "individual" in results else None
+    lines = ["| method | rMSE | seconds | / Indiv. GPs |", "|---|---|---|---|"]
+    for m, r in results.items():
+        rm, rse = _mean_se(r["rmse"])
+        tm, tse = _mean_se(r["seconds"])
+        ratio = "" if base is None else f"{np.mean(np.asarray(r['seconds']) / base):.2f}"
+        lines.append(f"| {LABELS[m]} | {rm:.4f} ± {rse:.4f} | {tm:.2f} ± {tse:.2f} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def fig2_rmse(results: dict, title: str = ""):
+    """Fig. 2: rMSE per method with standard-error whiskers."""
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    means = [_mean_se(results[m]["rmse"])[0] for m in names]
+    ses = [_mean_se(results[m]["rmse"])[1] for m in names]
+    fig, ax = plt.subplots(figsize=(1.1 * len(names) + 1.5, 3.2))
+    ax.bar(range(len(names)), means, yerr=ses, capsize=4, color="0.7", edgecolor="k")
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels([LABELS[m] for m in names], rotation=30, ha="right")
+    ax.set_ylabel("rMSE")
+    lo = min(m - s for m, s in zip(means, ses))
+    ax.set_ylim(max(0.0, lo - 0.15 * (max(means) - lo + 1e-12)), None)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# the four experiments
+# ---------------------------------------------------------------------------------------------
+_QUICK = {"n_runs": 1, "n_tasks": 12, "k_max": 4, "grid_exponents": (-8.0, -4.0),
+          "batch_max_train": 200, "methods": METHODS}
+
+
+@register("gpella-synthetic", SyntheticConfig, quick=_QUICK,
+          paper={"time_ratio_vs_individual": PaperNumber(round(63.8 / 25.4, 2), _TABLE1,
+                                                         note="63.8 s / 25.4 s")},
+          headline=True,
+          description="GP-ELLA vs baselines on 100 synthetic linear factorized tasks (Fig. 2, Table 1)")
+def run_synthetic(config: SyntheticConfig, ctx: RunContext) -> dict:
+    from ppl_cl.data.synthetic import ella_linear_tasks
+
+    data = ella_linear_tasks(n_tasks=config.tasks_total, n_per_task=config.n_per_task,
+                             dim=config.dim, n_latent=config.n_latent,
+                             noise_std=config.noise_std, seed=ctx.seed)
+    return run_protocol(list(data.tasks), config, ctx, "gpella-synthetic")
+
+
+@register("gpella-robot-arm", RobotArmConfig, quick=_QUICK,
+          paper={"time_ratio_vs_individual": PaperNumber(round(38.3 / 10.5, 2), _TABLE1,
+                                                         note="38.3 s / 10.5 s")},
+          description="GP-ELLA vs baselines on 113 simulated 8-DOF robot arms (Fig. 2, Table 1)")
+def run_robot_arm(config: RobotArmConfig, ctx: RunContext) -> dict:
+    from ppl_cl.data.synthetic import robot_arm_tasks
+
+    tasks = robot_arm_tasks(n_tasks=config.tasks_total, min_configs=config.min_configs,
+                            max_configs=config.max_configs, seed=ctx.seed)
+    return run_protocol(tasks, config, ctx, "gpella-robot-arm")
+
+
+@register("gpella-schools", SchoolsConfig, quick=_QUICK,
+          paper={"time_ratio_vs_individual": PaperNumber(round(489.8 / 56.9, 2), _TABLE1,
+                                                         note="489.8 s / 56.9 s")},
+          description="GP-ELLA vs baselines on the London schools (139 tasks) (Fig. 2, Table 1)")
+def run_schools(config: SchoolsConfig, ctx: RunContext) -> dict:
+    from ppl_cl.data.loaders import load_schools
+
+    return run_protocol(load_schools(data_dir=ctx.data_dir), config, ctx, "gpella-schools")
+
+
+@register("gpella-parkinsons", ParkinsonsConfig, quick=_QUICK,
+          paper={"time_ratio_vs_individual": PaperNumber(round(113.6 / 12.7, 2), _TABLE1,
+                                                         note="motor: 113.6 s / 12.7 s "
+                                                              "(total UPDRS: 109.4 / 13.1 = 8.35)")},
+          description="GP-ELLA vs baselines on Parkinson's telemonitoring, 42 patients (Fig. 2, Table 1)")
+def run_parkinsons(config: ParkinsonsConfig, ctx: RunContext) -> dict:
+    from ppl_cl.data.loaders import load_parkinsons
+
+    if config.target not in ("motor", "total"):
+        raise ValueError(f"target: expected 'motor' or 'total', received {config.target!r}")
+    return run_protocol(load_parkinsons(config.target, data_dir=ctx.data_dir), config, ctx,
+                        f"gpella-parkinsons-{config.target}")

@@ -1,0 +1,205 @@
+"""GP-ELLA engines: LASSO scaling against the objective, running-sum basis against eq. 9 from
+scratch, exact reconstruction for k = d and mu -> 0, the NumPyro MAP for a fixed basis, column
+re-initialization, known-task updates, the engine contract."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from numpyro.infer.util import potential_energy
+from scipy.optimize import minimize
+
+from inference.gp_ella import (ELLAEngine, basis_from_sums, fit_single_task, psd_part,
+                               sparse_code)
+from models.gp_ella import ella_surrogate_objective, ella_task_loss, gp_ella_model
+
+
+def _random_psd(rng, d, rank=None):
+    B = rng.normal(size=(d, rank or d))
+    return B @ B.T + (0.0 if rank else 0.1) * np.eye(d)
+
+
+def _lasso_reference(L, theta, H, mu):
+    """argmin |theta - L s|_H^2 + mu |s|_1 by L-BFGS-B on s = p - q, p, q >= 0 (smooth on the
+    orthant): an independent solver of eq. 10."""
+    k = L.shape[1]
+
+    def f(z):
+        p, q = z[:k], z[k:]
+        r = theta - L @ (p - q)
+        g = -2 * L.T @ H @ r
+        return r @ H @ r + mu * np.sum(p + q), np.concatenate([g + mu, -g + mu])
+
+    res = minimize(f, np.zeros(2 * k), jac=True, method="L-BFGS-B",
+                   bounds=[(0, None)] * (2 * k), options={"ftol": 1e-15, "gtol": 1e-12,
+                                                          "maxiter": 10000})
+    return res.x[:k] - res.x[k:]
+
+
+@pytest.mark.parametrize("mu", [0.05, 0.5, 3.0])
+def test_lasso_scaling_alpha_mu_over_2d_solves_eq10(mu):
+    rng = np.random.default_rng(0)
+    d, k = 6, 4
+    L, theta, H = rng.normal(size=(d, k)), rng.normal(size=d), _random_psd(rng, d)
+    s, ok = sparse_code(L, theta, H, mu)
+    assert ok
+    ref = _lasso_reference(L, theta, H, mu)
+    obj = lambda v: float(ella_task_loss(jnp.asarray(L), jnp.asarray(v), jnp.asarray(theta),
+                                         jnp.asarray(H), mu))
+    np.testing.assert_allclose(s, ref, atol=1e-6)
+    assert obj(s) <= obj(ref) + 1e-9
+    # ELLA.py's alpha = mu / (2 n_t) (here n_t = 50 != d) solves another problem
+    from sklearn.linear_model import Lasso
+
+    from inference.gp_ella import hessian_sqrt
+
+    Hh = hessian_sqrt(H)
+    s_ella = Lasso(alpha=mu / (2 * 50), fit_intercept=False, tol=1e-12, max_iter=100000).fit(
+        Hh @ L, Hh @ theta).coef_
+    assert obj(s_ella) > obj(s) + 1e-6
+
+
+def test_sparse_code_is_exact_for_k_equal_d_and_mu_to_zero():
+    """k = d, invertible L, mu -> 0: s = L^-1 theta and L s = theta."""
+    rng = np.random.default_rng(1)
+    d = 5
+    L, theta, H = rng.normal(size=(d, d)) + 3 * np.eye(d), rng.normal(size=d), _random_psd(rng, d)
+    s, _ = sparse_code(L, theta, H, 1e-10)
+    np.testing.assert_allclose(L @ s, theta, rtol=1e-6, atol=1e-7)
+
+
+def test_engine_reconstruction_exact_for_k_equal_d_mu_lambda_to_zero():
+    rng = np.random.default_rng(2)
+    d = 4
+    eng = ELLAEngine(d, 1e-10, 1e-10, max_inner_iterations=20, inner_tolerance=1e-12)
+    state = eng.init(d, jax.random.PRNGKey(0))
+    thetas = rng.uniform(0.1, 1.0, (3, d))
+    for t in range(3):
+        state, _ = eng.step(jax.random.PRNGKey(t), state, (thetas[t], _random_psd(rng, d), t))
+    np.testing.assert_allclose(state.codes @ state.L.T, thetas, rtol=1e-5, atol=1e-6)
+
+
+def _run_engine(rng, eng, d, n_tasks, revisit=None):
+    state = eng.init(d, jax.random.PRNGKey(0))
+    infos = []
+    order = list(range(n_tasks)) + ([revisit] if revisit is not None else [])
+    for i, t in enumerate(order):
+        theta, H = rng.uniform(0, 1, d), _random_psd(rng, d, rank=d - 1)
+        state, info = eng.step(jax.random.PRNGKey(100 + i), state, (theta, H, t))
+        infos.append(info)
+    return state, infos
+
+
+def test_incremental_basis_equals_resolving_eq9_from_scratch():
+    """After a stream with one known-task revisit, L from the running sums equals the minimizer
+    of eq. 9 over the stored (theta, H, s): the normal equations rebuilt from scratch, and a
+    zero autodiff gradient of eq. 9; g_hat from the sums equals eq. 9 from the stored tasks."""
+    rng = np.random.default_rng(3)
+    d, k, mu, lam = 4, 3, 0.05, 0.1
+    eng = ELLAEngine(k, mu, lam, max_inner_iterations=3)
+    state, infos = _run_engine(rng, eng, d, 6, revisit=2)
+    assert state.num_tasks == 6 and not infos[-1].new_task
+    assert infos[-1].reinitialized == 0
+    A = sum(np.kron(np.outer(s, s), H) for s, H in zip(state.codes, state.hessians))
+    b = sum(np.kron(s, H @ th) for s, H, th in zip(state.codes, state.hessians, state.thetas))
+    np.testing.assert_allclose(state.A, A, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(state.b, b, rtol=1e-10, atol=1e-12)
+    M = A / 6 + lam * np.eye(d * k)
+    L_scratch = np.linalg.solve(M, b / 6).reshape((d, k), order="F")
+    np.testing.assert_allclose(state.L, L_scratch, rtol=1e-9, atol=1e-12)
+    args = (jnp.asarray(state.codes), jnp.asarray(state.thetas), jnp.asarray(state.hessians), mu, lam)
+    grad = jax.grad(ella_surrogate_objective)(jnp.asarray(state.L), *args)
+    assert float(jnp.abs(grad).max()) < 1e-9
+    np.testing.assert_allclose(eng.surrogate_loss(state),
+                               float(ella_surrogate_objective(jnp.asarray(state.L), *args)),
+                               rtol=1e-10)
+
+
+def test_basis_from_sums_is_column_major_vec():
+    rng = np.random.default_rng(4)
+    d, k = 3, 2
+    s, theta, H = rng.normal(size=k), rng.normal(size=d), _random_psd(rng, d)
+    A, b = np.kron(np.outer(s, s), H), np.kron(s, H @ theta)
+    L = basis_from_sums(A, b, 1, 0.3, d, k)
+    # stationarity of 0.3 |L|^2 + |theta - L s|_H^2: 0.3 L = H (theta - L s) s^T
+    np.testing.assert_allclose(0.3 * L, H @ np.outer(theta - L @ s, s), atol=1e-12)
+
+
+def test_unused_columns_are_reinitialized():
+    """A basis column no code uses is exactly zero after the update and is drawn again."""
+    rng = np.random.default_rng(5)
+    d, k = 3, 3
+    eng = ELLAEngine(k, 50.0, 0.5, max_inner_iterations=1)  # large mu: sparse codes
+    state = eng.init(d, jax.random.PRNGKey(1))
+    theta, H = rng.uniform(0, 1, d), _random_psd(rng, d)
+    new_state, info = eng.step(jax.random.PRNGKey(2), state, (theta, H, 0))
+    unused = np.flatnonzero(new_state.codes[0] == 0)
+    assert info.reinitialized == len(unused) >= 1
+    assert np.all(np.linalg.norm(new_state.L[:, unused], axis=0) > 0.1)
+    # the input state is not modified (pure step)
+    assert state.num_tasks == 0 and not state.A.any()
+
+
+def test_numpyro_map_equals_engine_codes_for_a_fixed_basis():
+    """With L fixed, L-BFGS-B on the NumPyro program's potential (Laplace likelihood, s split
+    into positive parts) gives the engine's LASSO codes."""
+    rng = np.random.default_rng(6)
+    T, d, k, mu, lam = 3, 4, 3, 0.3, 0.2
+    L = rng.normal(size=(d, k))
+    thetas = rng.uniform(0, 1, (T, d))
+    Hs = np.stack([_random_psd(rng, d) for _ in range(T)])
+    tasks = [(jnp.zeros((1, d)), None, jnp.ones(1))] * T
+    kw = dict(num_components=k, mu=mu, lam=lam, signal_variances=None, noise_variances=None,
+              likelihood="laplace", theta_hat=jnp.asarray(thetas), hessians=jnp.asarray(Hs))
+
+    @jax.jit
+    def pot(z):
+        S = (z[: T * k] - z[T * k:]).reshape(T, k)
+        return potential_energy(gp_ella_model, (tasks,), kw, {"L": jnp.asarray(L), "s": S})
+
+    vg = jax.jit(jax.value_and_grad(pot))
+    z0 = np.zeros(2 * T * k)
+    f0 = float(pot(jnp.asarray(z0)))  # shift out the normalizers: L-BFGS-B's stop is relative
+
+    def fun(z):
+        v, g = vg(jnp.asarray(z))
+        return float(v) - f0, np.asarray(g, np.float64)
+
+    res = minimize(fun, z0, jac=True, method="L-BFGS-B", bounds=[(0, None)] * (2 * T * k),
+                   options={"ftol": 1e-16, "gtol": 1e-13, "maxiter": 10000, "maxcor": 50})
+    S_map = (res.x[: T * k] - res.x[T * k:]).reshape(T, k)
+    S_engine = np.stack([sparse_code(L, thetas[t], Hs[t], mu)[0] for t in range(T)])
+    np.testing.assert_allclose(S_engine, S_map, atol=2e-5)
+    z_engine = np.concatenate([np.maximum(S_engine, 0).ravel(), np.maximum(-S_engine, 0).ravel()])
+    assert float(pot(jnp.asarray(z_engine))) <= res.fun + f0 + 1e-9
+
+
+def test_engine_follows_the_contract():
+    base = pytest.importorskip("inference.base")
+    eng = ELLAEngine(2, 0.1, 0.1)
+    assert isinstance(eng, base.Engine)
+    state = eng.init(3, jax.random.PRNGKey(0))
+    assert base.is_state(state)
+    state, info = eng.step(jax.random.PRNGKey(1), state, (np.ones(3), np.eye(3), 0))
+    assert base.is_state(state) and base.is_state(info)
+
+
+def test_psd_part_drops_negative_directions():
+    H = np.diag([2.0, -1.0, 0.5])
+    np.testing.assert_allclose(psd_part(H), np.diag([2.0, 0.0, 0.5]), atol=1e-15)
+
+
+def test_single_task_fit_hessians_agree_and_constant_targets_skip_the_fit():
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(20, 3))
+    y = np.sin(X[:, 0]) + 0.2 * rng.normal(size=20)
+    a = fit_single_task(X, y - y.mean(), max_iterations=30)
+    b = fit_single_task(X, y - y.mean(), max_iterations=30, hessian="closed_form")
+    np.testing.assert_allclose(a.theta, b.theta)
+    np.testing.assert_allclose(a.hessian, b.hessian, rtol=1e-8, atol=1e-8 * np.abs(a.hessian).max())
+    # at an interior optimum the gradient vanishes: feature 0 (the signal) is interior
+    assert a.theta[0] > 1e-4 and a.iterations > 0
+    c = fit_single_task(X, np.full(20, 3.0))
+    assert c.constant_targets and not c.theta.any() and not c.hessian.any()

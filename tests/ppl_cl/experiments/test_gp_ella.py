@@ -1,0 +1,56 @@
+"""GP-ELLA experiments: registration with the stable names and summary keys, the Sect. 5.2
+protocol helpers, a tiny end-to-end run."""
+
+import math
+
+import numpy as np
+import pytest
+
+from ppl_cl.experiments import get, registry, run_experiment
+from ppl_cl.experiments.gp_ella import _k_grid, split_and_center
+
+NAMES = ("gpella-synthetic", "gpella-robot-arm", "gpella-schools", "gpella-parkinsons")
+KEYS = ("rmse_gp_ella", "rmse_individual", "rmse_shared", "rmse_mtgp", "rmse_ella",
+        "time_ratio_vs_individual")
+
+
+def test_the_four_experiments_are_registered_with_paper_defaults():
+    reg = registry()
+    for name in NAMES:
+        assert name in reg
+        cfg = reg[name].config_cls()
+        assert cfg.n_runs == 10 and cfg.tune_tasks == 5 and cfg.learner.smoothing_variance == 100.0
+        assert "time_ratio_vs_individual" in reg[name].paper
+    assert get("gpella-synthetic").config_cls().tasks_total == 100
+    assert get("gpella-robot-arm").config_cls().tasks_total == 113
+
+
+def test_protocol_split_centres_each_task_and_halves_it():
+    rng = np.random.default_rng(0)
+    tasks = [(rng.normal(size=(11, 3)) * [1, 10, 100], rng.normal(size=11) + 5) for _ in range(3)]
+    out = split_and_center(tasks, np.random.default_rng(1))
+    for (xt, yt, xs, ys), (x, _) in zip(out, tasks):
+        assert len(yt) == 5 and len(ys) == 6
+        np.testing.assert_allclose(xt.mean(axis=0), 0, atol=1e-12)
+        assert abs(yt.mean()) < 1e-12
+    pooled = np.concatenate([o[0] for o in out])
+    assert np.all(pooled.std(axis=0) < 3)  # standardized scales, not 1 / 10 / 100
+    assert _k_grid(13, 0) == list(range(2, 27, 2)) and _k_grid(13, 5) == [2, 4]
+
+
+def test_tiny_run_gives_every_summary_key(tmp_path):
+    m = run_experiment("gpella-synthetic", quick=True, out=tmp_path / "r",
+                       overrides={"n_tasks": "6", "n_runs": "2", "grid_exponents": "[-4]",
+                                  "k_max": "2", "batch_max_train": "60", "warmup": "false"})
+    s = m["summary"]
+    for key in KEYS + ("rmse_mtgp_rank2",):
+        assert key in s and math.isfinite(s[key]) and s[key] > 0
+    assert s["n_runs"] == 2 and s["rmse_gp_ella_se"] >= 0
+    assert (tmp_path / "r" / "fig2_rmse.png").exists() and (tmp_path / "r" / "table1.md").exists()
+    assert len(m["per_run"]["gp_ella"]["rmse"]) == 2
+
+
+def test_unknown_method_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="methods"):
+        run_experiment("gpella-synthetic", quick=True, out=tmp_path / "r",
+                       overrides={"n_tasks": "6", "methods": "[gp_ella,svm]", "tune": "false"})

@@ -1,0 +1,135 @@
+"""GP-Tree experiments at tiny sizes: registration, summary keys of the issue, the CUB FSCIL
+protocol on a generated miniature of the xlsa17 file and the official session lists."""
+
+import json
+
+import numpy as np
+import pytest
+import scipy.io
+
+from ppl_cl.configs.gp_tree import GPTreeConfig
+from ppl_cl.experiments import get, run_experiment
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+TINY_LEARNER = GPTreeConfig(inference="vi", backbone="mlp", hidden=(16,), embedding_dim=8,
+                            epochs=3, pretrain_epochs=1, milestones=(2,), batch_size=128,
+                            num_chains=4, num_steps=3, kmeans_n_init=3, dtype="float32")
+
+
+def test_registered_with_quick_and_paper_numbers():
+    for name in ("gptree-classes", "gptree-dkl-mnist", "gptree-fscil"):
+        spec = get(name)
+        assert spec.quick and spec.paper
+    assert "acc_gptree_10" in get("gptree-classes").paper
+    assert "final_session_acc" in get("gptree-fscil").paper
+
+
+@pytest.mark.data("letter")
+def test_gptree_classes_tiny(tmp_path):
+    m = run_experiment("gptree-classes", out=tmp_path, overrides={
+        "class_counts": [3, 4], "seeds": "2", "train_per_class": "8", "test_per_class": "10",
+        "vi": "false", "chain_counts": "[2]", "methods": "gptree,gptree_rnd,sbm,lsm,ove"})
+    s = m["summary"]
+    for key in ("acc_gptree_4", "acc_sbm_4", "acc_lsm_4", "acc_ove_4", "acc_gptree_rnd_3",
+                "acc_gptree_chains2_4", "sem_gptree_4"):
+        assert key in s and 0.0 <= s[key] <= 100.0
+    assert s["acc_gptree_4"] > 50.0                      # chance is 25 %
+    assert (tmp_path / "accuracy_vs_classes.png").exists()
+    assert json.loads((tmp_path / "partial.json").read_text())["seeds_done"] == 2
+
+
+@pytest.mark.data("letter")
+def test_gptree_fscil_tiny(tmp_path):
+    m = run_experiment("gptree-fscil", out=tmp_path, overrides={
+        "runs": "1", "n_base_classes": "4", "n_sessions": "2", "learner": TINY_LEARNER})
+    s = m["summary"]
+    assert isinstance(s["session_acc"], list) and len(s["session_acc"]) == 3
+    assert s["final_session_acc"] == s["session_acc"][-1]
+    for key in ("acc_session_tree_final", "acc_rebuild_final", "acc_ncm_final",
+                "forgetting_gptree", "forgetting_ncm"):
+        assert key in s
+    # session 1 (the base session) is the same learner for every tree variant
+    assert s["acc_gptree_session1"] == s["acc_session_tree_session1"] == s["acc_rebuild_session1"]
+    assert (tmp_path / "sessions.png").exists()
+
+
+@pytest.mark.data("mnist")
+def test_gptree_dkl_mnist_tiny(tmp_path):
+    m = run_experiment("gptree-dkl-mnist", out=tmp_path, overrides={
+        "train_size": "600", "test_size": "300",
+        "learner": GPTreeConfig(inference="vi", backbone="mlp", hidden=(32,), embedding_dim=8,
+                                epochs=2, pretrain_epochs=1, milestones=(2,), batch_size=128,
+                                inducing_per_class=3, kmeans_n_init=3, dtype="float32")})
+    s = m["summary"]
+    assert set(("acc_gptree", "acc_softmax")) <= set(s)
+    assert s["acc_gptree"] > 20.0                         # chance is 10 %
+
+
+def _cub_miniature(root, n_classes=6, per_class_train=8, per_class_test=4, dim=12):
+    """xlsa17-layout res101.mat / att_splits.mat with image_files, plus FSCIL lists: classes
+    1-2 base (session 1), 3-4 session 2, 5-6 session 3 (2-way 3-shot)."""
+    rng = np.random.default_rng(0)
+    files, labels, feats = [], [], []
+    names = [f"{c:03d}.Bird_{c}" for c in range(1, n_classes + 1)]
+    for c in range(1, n_classes + 1):
+        centre = rng.normal(size=dim) * 3
+        for k in range(per_class_train + per_class_test):
+            files.append(f"/BS/xlsa17/CUB_200_2011/images/{names[c - 1]}/img_{c}_{k}.jpg")
+            labels.append(c)
+            feats.append(np.abs(centre + rng.normal(size=dim)))
+    n = len(files)
+    (root / "cub" / "index_list").mkdir(parents=True)
+    fcell = np.empty((n, 1), dtype=object)
+    fcell[:, 0] = files
+    ncell = np.empty((n_classes, 1), dtype=object)
+    ncell[:, 0] = names
+    scipy.io.savemat(root / "cub/res101.mat", {"features": np.asarray(feats).T,
+                                               "labels": np.asarray(labels)[:, None],
+                                               "image_files": fcell})
+    per = per_class_train + per_class_test
+    rows = np.arange(n)
+    is_test = (rows % per) >= per_class_train
+    one_based = lambda m: (rows[m] + 1)[:, None].astype(np.uint16)
+    scipy.io.savemat(root / "cub/att_splits.mat", {
+        "allclasses_names": ncell, "trainval_loc": one_based(~is_test),
+        "test_seen_loc": one_based(is_test), "test_unseen_loc": one_based(is_test)[:0],
+        "train_loc": one_based(~is_test), "val_loc": one_based(is_test)[:1]})
+
+    def rel(i):
+        return "CUB_200_2011/images/" + "/".join(files[i].split("/")[-2:])
+
+    groups = [(1, 2), (3, 4), (5, 6)]
+    for s, g in enumerate(groups, start=1):
+        shots = per_class_train if s == 1 else 3
+        tr = [rel((c - 1) * per + k) for c in g for k in range(shots)]
+        te = [rel((c - 1) * per + per_class_train + k) for c in g for k in range(per_class_test)]
+        (root / "cub/index_list" / f"session_{s}.txt").write_text("\n".join(tr) + "\n")
+        (root / "cub/index_list" / f"test_{s}.txt").write_text("\n".join(te) + "\n")
+
+
+def test_cub_session_lists_protocol_on_a_miniature(tmp_data_root):
+    from ppl_cl.data.fscil import cub_session_lists_splits
+
+    _cub_miniature(tmp_data_root)
+    sessions = cub_session_lists_splits()
+    assert [s.classes for s in sessions] == [(0, 1), (2, 3), (4, 5)]
+    assert [len(s.train) for s in sessions] == [16, 6, 6]
+    assert [len(s.test) for s in sessions] == [8, 16, 24]
+    assert sessions[0].train.x.shape[1] == 12
+    m = run_experiment("gptree-fscil", out=tmp_data_root / "run", overrides={
+        "dataset": "cub", "runs": "1", "n_sessions": "2", "learner": TINY_LEARNER})
+    assert len(m["summary"]["session_acc"]) == 3
+    # a listed image without a feature row is named
+    (tmp_data_root / "cub/index_list/test_3.txt").write_text(
+        "CUB_200_2011/images/999.None/none.jpg\n")
+    with pytest.raises(ValueError, match="no feature row"):
+        cub_session_lists_splits()
+
+
+def test_gptree_classes_on_cub_features_miniature(tmp_data_root):
+    _cub_miniature(tmp_data_root)
+    m = run_experiment("gptree-classes", out=tmp_data_root / "run", overrides={
+        "dataset": "cub", "class_counts": "[3]", "seeds": "1", "train_per_class": "6",
+        "vi": "false", "chain_counts": "[]", "methods": "gptree,sbm"})
+    assert m["summary"]["dataset"] == "cub" and m["summary"]["acc_gptree_3"] > 60.0
