@@ -66,7 +66,9 @@ def replay_sample(rng_key: Array, memory: ReplayMemory, num: int) -> tuple[Array
     """
     R = memory.inputs.shape[0]
     num = int(num)
-    scores = jax.random.uniform(rng_key, (R,))
+    # float32 whatever jax_enable_x64 says, so that a float64 learner elsewhere in the process
+    # does not change which points are replayed
+    scores = jax.random.uniform(rng_key, (R,), jnp.float32)
     scores = jnp.where(jnp.arange(R) < memory.size, scores, 2.0)   # empty slots last
     order = jnp.argsort(scores)
     take = order[:num] if num <= R else order[jnp.arange(num) % R]   # num > R: slots repeat
