@@ -332,4 +332,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
+    from ppl_cl.sweep import die_with_parent
+
+    die_with_parent()   # a sweep's run: end with the sweep
     sys.exit(main())

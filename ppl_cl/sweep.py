@@ -37,7 +37,6 @@ runs).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import itertools
 import json
@@ -342,7 +341,7 @@ def execute(task: dict[str, Any], processes: _Processes | None = None) -> dict[s
     processes = processes or _Processes()
     log = Path(task["log"])
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **task.get("env", {})}
+    env = {**os.environ, **task.get("env", {}), PARENT_ENV: str(os.getpid())}
     argv = [sys.executable, "-m", "ppl_cl.cli", *task["argv"]]
     t0 = time.perf_counter()
     with open(log, "ab") as fh:
@@ -350,9 +349,7 @@ def execute(task: dict[str, Any], processes: _Processes | None = None) -> dict[s
         fh.flush()
         start = fh.tell()
         proc = processes.popen(argv, stdout=fh, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, env=env,
-                               preexec_fn=functools.partial(_die_with_parent, os.getpid(),
-                                                            _prctl()))
+                               stdin=subprocess.DEVNULL, env=env)
         try:
             returncode = proc.wait()
         except BaseException:           # a Ray task cancelled, Ctrl-C: end the run, then go
@@ -373,29 +370,28 @@ def execute(task: dict[str, Any], processes: _Processes | None = None) -> dict[s
             "wall_time_s": time.perf_counter() - t0, "host": os.uname().nodename}
 
 
-@functools.lru_cache(maxsize=1)
-def _prctl():
-    """libc's ``prctl``, looked up here in the sweep's process, never between fork and exec
-    (an import or ``dlopen`` there could deadlock on a lock another thread held at the fork);
-    None off Linux."""
-    if not sys.platform.startswith("linux"):
-        return None
+PARENT_ENV = "PPL_CL_SWEEP_PARENT"
+"""The variable that tells a run's process the pid of the sweep's process that started it."""
+
+
+def die_with_parent() -> None:
+    """In a run's process, first thing (``python -m ppl_cl.cli``): when :data:`PARENT_ENV`
+    names the sweep's process that started it, ask Linux to send SIGTERM when that process
+    dies, and stop at once if it is already gone (it died before the call). Done in the run's
+    process rather than between fork and exec (``preexec_fn``), which runs the at-fork hooks of
+    every library loaded in the sweep's process (JAX warns there) and may deadlock on a lock
+    another thread held at the fork. Off Linux, or without the variable: nothing."""
+    parent = os.environ.pop(PARENT_ENV, None)
+    if parent is None or not sys.platform.startswith("linux"):
+        return
     import ctypes
 
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # pragma: no cover
-        return None
-
-
-def _die_with_parent(parent: int, prctl) -> None:
-    """In a run's process, between fork and exec: ask Linux to send SIGTERM when the sweep's
-    process ``parent`` that started it dies, and stop at once if it is already gone. Only the
-    foreign call and ``getppid``: no import, no lookup (see :func:`_prctl`)."""
-    if prctl is None:
         return
     prctl(1, int(signal.SIGTERM))          # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
+    if os.getppid() != int(parent):
         os._exit(128 + signal.SIGTERM)
 
 
@@ -569,12 +565,11 @@ def sweep(names: Sequence[str], *, out: str | Path, seeds: Sequence[int] = (0,),
     if use_ray and device != "cpu" and gpus_per_run == 0:
         raise ConfigError(f"--device {device} on Ray needs --gpus-per-run F (Ray shows no GPU "
                           "to a task that declares none)")
+    default_pool = not use_ray and local_processes is None
     if not use_ray:
         cpus = usable_cpus()
-        if local_processes is None:
+        if default_pool:
             local_processes = max(1, cpus // cpus_per_run)
-            echo(f"ppl-cl sweep: Ray is not installed: a local pool of {local_processes} "
-                 f"process(es) (pip install -e \".[ray]\" for Ray)")
         if local_processes * cpus_per_run > cpus:
             raise ConfigError(
                 f"--local-processes {local_processes} x --cpus-per-run {cpus_per_run} = "
@@ -588,6 +583,9 @@ def sweep(names: Sequence[str], *, out: str | Path, seeds: Sequence[int] = (0,),
     data_dir = None if data_dir is None else str(Path(data_dir).absolute())
     runs = expand(names, seeds, grid, sets=sets, quick=quick, out=out)
     actions = plan(runs, force=force)
+    if default_pool:   # said once the names and folders are known good
+        echo(f"ppl-cl sweep: Ray is not installed: a local pool of {local_processes} "
+             f"process(es) (pip install -e \".[ray]\" for Ray)")
 
     n = len(runs)
     entries: list[dict] = [{"experiment": r.experiment, "seed": r.seed, "quick": r.quick,

@@ -249,6 +249,18 @@ def test_sweep_errors_are_one_line_and_nothing_runs(tmp_path, capsys, monkeypatc
     assert sw.plan(sw.expand(["sweep-toy"], [0], out=out), force=True) == ["replace"]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_run_whose_sweep_is_already_gone_stops_at_once():
+    """A run's process started by a sweep (PPL_CL_SWEEP_PARENT) asks for SIGTERM at its
+    parent's death; when the pid named is not its parent (the sweep died before the call) it
+    stops at once with 143; started by its parent, it goes on."""
+    code = "from ppl_cl.sweep import die_with_parent; die_with_parent(); print('alive')"
+    for parent, rc, out in [("1", 128 + signal.SIGTERM, ""), (str(os.getpid()), 0, "alive\n")]:
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**os.environ, sw.PARENT_ENV: parent}, timeout=60)
+        assert (res.returncode, res.stdout) == (rc, out), res.stderr
+
+
 def test_without_ray_the_local_pool_is_the_default(tmp_path, monkeypatch):
     """No Ray and no --local-processes: a pool of CPUs / --cpus-per-run processes."""
     seen = {}

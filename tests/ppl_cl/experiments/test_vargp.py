@@ -168,7 +168,8 @@ def test_a_run_stopped_mid_task_resumes_from_its_snapshot(tmp_path, monkeypatch)
     the result equals a run that was never stopped (which took no snapshots)."""
     from ppl_cl.experiments.base import RunContext
 
-    kw = dict(**QUICK, overrides={"ablations": "[]", "learner.max_epochs": "4"})
+    kw = dict(**QUICK, overrides={"ablations": "[]", "learner.max_epochs": "4",
+                                 "learner.validate_every": "1"})
     whole = run_experiment("vargp-split-digits", out=tmp_path / "whole", **kw)
 
     real_save = RunContext.save_checkpoint
