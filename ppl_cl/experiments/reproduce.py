@@ -90,13 +90,19 @@ class _Sections:
         self.headline = [_HEADER, _RULE]
         self.claims: list[str] = []
         self.diagnostics = [_DIAG_HEADER, _DIAG_RULE]
+        self.unmeasured: list[str] = []
 
     def add(self, spec: Any, name: str, summary: dict[str, Any], label: str | None = None
             ) -> None:
         label = label or name
         paper = spec.paper if spec is not None else {}
         keys = list(spec.table_keys) if spec is not None else []
-        for key in keys:
+        absent = [k for k in keys if k not in summary]
+        if absent:      # e.g. the datasets a quick run leaves out: one line, not a row each
+            shown = ", ".join(absent[:6]) + (f" and {len(absent) - 6} more" if len(absent) > 6
+                                             else "")
+            self.unmeasured.append(f"- {label}: {shown}")
+        for key in [k for k in keys if k in summary]:
             ref = paper.get(key)
             src = (ref.source + (f"; {ref.note}" if ref.note else "")) if ref else ""
             self.headline.append(f"| {label} | {key} | {_fmt(summary.get(key, '—'))} | "
@@ -114,6 +120,9 @@ class _Sections:
 
     def lines(self) -> list[str]:
         out = ["## Headline numbers", "", *self.headline, ""]
+        if self.unmeasured:
+            out += ["Headline keys these runs did not measure (their settings leave them "
+                    "out):", "", *self.unmeasured, ""]
         if self.claims:
             out += ["## The papers' claims, checked on these numbers", "", *self.claims, ""]
         out += ["## Diagnostics", "", *self.diagnostics]

@@ -341,7 +341,7 @@ _T1_PAPER = {k: v for d in PAPER_TABLE1 for k, v in _paper(f"{d}_", d).items()}
 
 @register("vips-table1", VIPSTable1Config,
           quick={"datasets": ("concrete",), "run_folds": (1,), "exact_max_train": (500,),
-                 "max_batches": 5},
+                 "max_batches": 3},
           headline=True, paper=_T1_PAPER,
           description="Table 1: final M / RMSE of exact GP, CV, OIPS, VIPS on five UCI sets")
 def run_vips_table1(config: VIPSTable1Config, ctx: RunContext) -> dict:

@@ -320,6 +320,22 @@ def test_report_cells_keep_their_significant_digits():
     assert _fmt({"mean": 76.34, "std": 0.0, "n": 1}) == "76.34"
 
 
+def test_headline_keys_a_run_did_not_measure_are_one_line_not_empty_rows():
+    """A quick run measures one dataset of five: the headline table shows its rows only and
+    one line names the keys left out."""
+    from ppl_cl.experiments import registry
+    from ppl_cl.experiments.reproduce import _Sections
+
+    spec = registry()["vips-table1"]
+    sec = _Sections()
+    sec.add(spec, "vips-table1", {"concrete_m_vips": 74.0, "concrete_rmse_vips": 0.33})
+    text = "\n".join(sec.lines())
+    rows = [line for line in sec.headline[2:]]
+    assert len(rows) == 2 and all("concrete" in r for r in rows) and "| — |" not in text
+    missing = [k for k in spec.table_keys if k not in ("concrete_m_vips", "concrete_rmse_vips")]
+    assert f"- vips-table1: {', '.join(missing[:6])} and {len(missing) - 6} more" in text
+
+
 def test_paper_numbers_print_as_the_paper_gives_them():
     from ppl_cl.experiments import registry
 
