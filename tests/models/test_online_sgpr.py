@@ -181,18 +181,24 @@ def test_uncollapsed_elbo_at_optimal_q_equals_collapsed_bound_and_is_maximal():
     assert float(other["elbo"]) < float(F)
 
 
-def test_numpyro_log_density_agrees_with_closed_form_pieces():
-    import numpyro.distributions as dist
-    from numpyro.infer.util import log_density
-
-    rng = np.random.default_rng(7)
+def _second_batch(seed, *, n_new, z_new):
+    """An old posterior on 5 of 20 first-batch points (the optimal q(u_a)), a new batch of
+    ``n_new`` points, and inducing inputs: the 5 old ones and the first ``z_new`` new inputs."""
+    rng = np.random.default_rng(seed)
     X_old, y_old = _data(rng, 20)
-    X, y = _data(rng, 10)
+    X, y = _data(rng, n_new)
     p = _params()
     a = X_old[:5]
     m, S = optimal_inducing_posterior(p, X_old, y_old, a, None)
     old = OldPosterior(a, m, S + 1e-6 * jnp.eye(5), p.kernel(a))
-    Z = jnp.concatenate([a, X[:3]])
+    return rng, p, X, y, a, m, old, jnp.concatenate([a, X[:z_new]])
+
+
+def test_numpyro_log_density_agrees_with_closed_form_pieces():
+    import numpyro.distributions as dist
+    from numpyro.infer.util import log_density
+
+    rng, p, X, y, a, m, old, Z = _second_batch(7, n_new=10, z_new=3)
     u_b = jnp.asarray(rng.standard_normal(8))
     f = jnp.asarray(rng.standard_normal(10))
     u_a = jnp.asarray(rng.standard_normal(5))
@@ -225,14 +231,7 @@ def test_numpyro_elbo_with_optimal_guide_matches_bound_monte_carlo():
     from numpyro import handlers
     from numpyro.infer.util import log_density
 
-    rng = np.random.default_rng(8)
-    X_old, y_old = _data(rng, 20)
-    X, y = _data(rng, 12)
-    p = _params()
-    a = X_old[:5]
-    m, S = optimal_inducing_posterior(p, X_old, y_old, a, None)
-    old = OldPosterior(a, m, S + 1e-6 * jnp.eye(5), p.kernel(a))
-    Z = jnp.concatenate([a, X[:4]])
+    rng, p, X, y, a, m, old, Z = _second_batch(8, n_new=12, z_new=4)
     j = 1e-9
     kw = dict(params=p, inducing_inputs=Z, old=old, jitter=j)
     F = float(online_elbo(p, X, y, Z, old_terms(old, jitter=j), jitter=j))
