@@ -212,7 +212,8 @@ class VARGPModel:
 
     Parameters (``pyro.param`` names) of the current task: ``inducing_inputs`` ``(Kz, M, D)``,
     ``inducing_mean`` ``(K, M)``, ``inducing_scale_tril`` ``(K, M, M)`` (softplus diagonal,
-    App. C.2), and ``theta_loc``/``theta_scale`` ``(H, D+1)`` or ``theta`` (point).
+    App. C.2), and ``theta_loc``/``theta_log_variance`` ``(H, D+1)`` (the code's ``log_mean`` /
+    ``log_logvar``) or ``theta`` (point).
     """
 
     def __init__(self, *, num_classes: int, past: Sequence[InducingSet], init: InducingSet,
@@ -287,10 +288,15 @@ class VARGPModel:
         if role == "model":
             fn = dist.Normal(self.hyper_prior.loc, self.hyper_prior.scale)
         else:
+            # q_t(theta)'s spread is optimized as an unconstrained log-variance, as the authors'
+            # code does (``var_gp/kernels.py``: ``log_logvar``), not as Pyro's positive scale
+            # (log sigma): under Yogi's near-sign steps the log-variance moves sigma half as
+            # fast, and the KL's pull of sigma to the prior's 1 no longer wipes out the kernel
+            # before the likelihood can grow the lengthscales (docs/vargp.md, Results).
             loc = pyro.param("theta_loc", self.hyper_init.loc.clone())
-            scale = pyro.param("theta_scale", self.hyper_init.scale.clone(),
-                               constraint=constraints.positive)
-            fn = dist.Normal(loc, scale)
+            log_variance = pyro.param("theta_log_variance",
+                                      2.0 * torch.log(self.hyper_init.scale.clone()))
+            fn = dist.Normal(loc, torch.exp(0.5 * log_variance))
         with poutine.scale(scale=self.beta):
             value = pyro.sample("theta", fn.to_event(2))               # (S, 1, 1, H, D+1)
         return value, kernel_theta(value.squeeze(-3), self.amplitude)
@@ -429,7 +435,8 @@ class VARGPModel:
         if self.point:
             hyper: Hyperparameters = PointHyperparameters(params["theta"]).detach()
         else:
-            hyper = HyperPosterior(params["theta_loc"], params["theta_scale"]).detach()
+            hyper = HyperPosterior(params["theta_loc"],
+                                   torch.exp(0.5 * params["theta_log_variance"])).detach()
         return sets, hyper
 
     @torch.no_grad()

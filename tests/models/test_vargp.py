@@ -327,7 +327,7 @@ def test_gradients_flow_only_into_the_current_task(hyperparameters):
     store = pyro.get_param_store()
     names = set(store.keys())
     expected = {"inducing_inputs", "inducing_mean", "inducing_scale_tril"} | (
-        {"theta_loc", "theta_scale"} if hyperparameters == "variational" else {"theta"})
+        {"theta_loc", "theta_log_variance"} if hyperparameters == "variational" else {"theta"})
     assert names == expected
     for name in names:
         g = store._params[name].grad
