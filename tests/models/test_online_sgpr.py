@@ -107,15 +107,23 @@ def test_lower_le_exact_le_upper_on_random_problems(seed):
     np.testing.assert_allclose(up, exact, atol=1e-4)   # and so is the upper bound
 
 
+def _second_batch(seed, *, n_new, z_new=0, n_old=20, n_a=5):
+    """An old posterior on ``n_a`` of ``n_old`` first-batch points (the optimal q(u_a)), a new
+    batch of ``n_new`` points, and inducing inputs: the old ones and the first ``z_new`` new
+    inputs."""
+    rng = np.random.default_rng(seed)
+    X_old, y_old = _data(rng, n_old)
+    X, y = _data(rng, n_new)
+    p = _params()
+    a = X_old[:n_a]
+    m, S = optimal_inducing_posterior(p, X_old, y_old, a, None)
+    old = OldPosterior(a, m, S + 1e-6 * jnp.eye(n_a), p.kernel(a))
+    return rng, p, X, y, a, m, old, jnp.concatenate([a, X[:z_new]])
+
+
 def test_upper_bound_above_lmax_with_an_approximate_old_posterior():
     """A sparse (inexact) old summary and new hyperparameters: U(b) >= F([X; a]) >= F(b)."""
-    rng = np.random.default_rng(5)
-    X_old, y_old = _data(rng, 30)
-    X, y = _data(rng, 20)
-    p_old = _params()
-    a = X_old[:12]
-    m, S = optimal_inducing_posterior(p_old, X_old, y_old, a, None)
-    old = OldPosterior(a, m, S + 1e-6 * jnp.eye(12), p_old.kernel(a))
+    _, _, X, y, a, _, old, _ = _second_batch(5, n_new=20, n_old=30, n_a=12)
     terms = old_terms(old)
     p = _params(variance=1.1, lengthscale=0.8, noise=0.2)
     lmax = float(online_elbo(p, X, y, jnp.concatenate([X, a]), terms, jitter=1e-10))
@@ -162,15 +170,8 @@ def test_predictions_with_all_points_inducing_equal_exact_gp():
 
 
 def test_uncollapsed_elbo_at_optimal_q_equals_collapsed_bound_and_is_maximal():
-    rng = np.random.default_rng(6)
-    X_old, y_old = _data(rng, 30)
-    X, y = _data(rng, 25)
-    p = _params()
-    a = X_old[:8]
-    m, S = optimal_inducing_posterior(p, X_old, y_old, a, None)
-    old = OldPosterior(a, m, S + 1e-6 * jnp.eye(8), p.kernel(a))
+    _, _, X, y, a, _, old, Z = _second_batch(6, n_new=25, z_new=6, n_old=30, n_a=8)
     p_new = _params(variance=1.0, lengthscale=0.9, noise=0.2)
-    Z = jnp.concatenate([a, X[:6]])
     j = 1e-9
     F = online_elbo(p_new, X, y, Z, old_terms(old, jitter=j), jitter=j)
     qm, qS = optimal_inducing_posterior(p_new, X, y, Z, old_terms(old, jitter=j), jitter=j)
@@ -179,19 +180,6 @@ def test_uncollapsed_elbo_at_optimal_q_equals_collapsed_bound_and_is_maximal():
     # any other q is worse
     other = uncollapsed_elbo(p_new, X, y, Z, old, qm + 0.1, 1.1 * qS, jitter=j)
     assert float(other["elbo"]) < float(F)
-
-
-def _second_batch(seed, *, n_new, z_new):
-    """An old posterior on 5 of 20 first-batch points (the optimal q(u_a)), a new batch of
-    ``n_new`` points, and inducing inputs: the 5 old ones and the first ``z_new`` new inputs."""
-    rng = np.random.default_rng(seed)
-    X_old, y_old = _data(rng, 20)
-    X, y = _data(rng, n_new)
-    p = _params()
-    a = X_old[:5]
-    m, S = optimal_inducing_posterior(p, X_old, y_old, a, None)
-    old = OldPosterior(a, m, S + 1e-6 * jnp.eye(5), p.kernel(a))
-    return rng, p, X, y, a, m, old, jnp.concatenate([a, X[:z_new]])
 
 
 def test_numpyro_log_density_agrees_with_closed_form_pieces():
