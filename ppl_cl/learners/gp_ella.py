@@ -161,6 +161,22 @@ def ella_engine(config: Any):
                       inner_tolerance=config.inner_tolerance)
 
 
+def ella_state_tree(state) -> dict[str, Any]:
+    """An :class:`inference.gp_ella.ELLAState` as a checkpoint tree (its fields by name)."""
+    return dict(state._asdict())
+
+
+def ella_state_from_tree(e: dict[str, Any]):
+    """The :class:`inference.gp_ella.ELLAState` of :func:`ella_state_tree`'s tree."""
+    from inference.gp_ella import ELLAState
+
+    return ELLAState(np.asarray(e["L"], np.float64), np.asarray(e["A"], np.float64),
+                     np.asarray(e["b"], np.float64), float(e["sq"]), float(e["l1"]),
+                     int(e["num_tasks"]), np.asarray(e["thetas"], np.float64),
+                     np.asarray(e["hessians"], np.float64),
+                     np.asarray(e["codes"], np.float64), np.asarray(e["seen"], bool))
+
+
 class GPELLA(ConfigLearner):
     """GP-ELLA on the learner protocol (module docstring). Build as
     ``GPELLA(GPELLAConfig(...))`` or ``GPELLA(num_components=4, mu=...)``."""
@@ -324,16 +340,12 @@ class GPELLA(ConfigLearner):
             return {"tasks": None}
         s = self._state
         return {"tasks": self._store.state(), "num_updates": self._num_updates,
-                "ella": {"L": s.L, "A": s.A, "b": s.b, "sq": s.sq, "l1": s.l1,
-                         "num_tasks": s.num_tasks, "thetas": s.thetas, "hessians": s.hessians,
-                         "codes": s.codes, "seen": s.seen},
+                "ella": ella_state_tree(s),
                 "fits": {k: np.asarray([f[k] for f in self._fits])
                          for k in ("signal_variance", "noise_variance", "nll", "iterations",
                                    "converged", "constant_targets")}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from inference.gp_ella import ELLAState
-
         if state.get("tasks") is None:
             self._store, self._state, self._fits, self._num_updates = TaskStore(), None, [], 0
             self._cache.clear()
@@ -343,11 +355,7 @@ class GPELLA(ConfigLearner):
         if k != self.config.num_components:
             raise ValueError(f"num_components: the state has k = {k}, the config "
                              f"{self.config.num_components}")
-        new_state = ELLAState(np.asarray(e["L"], np.float64), np.asarray(e["A"], np.float64),
-                              np.asarray(e["b"], np.float64), float(e["sq"]), float(e["l1"]),
-                              int(e["num_tasks"]), np.asarray(e["thetas"], np.float64),
-                              np.asarray(e["hessians"], np.float64),
-                              np.asarray(e["codes"], np.float64), np.asarray(e["seen"], bool))
+        new_state = ella_state_from_tree(e)
         f = state["fits"]
         fits = [{"signal_variance": float(f["signal_variance"][i]),
                  "noise_variance": float(f["noise_variance"][i]), "nll": float(f["nll"][i]),

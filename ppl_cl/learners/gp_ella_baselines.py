@@ -23,7 +23,8 @@ import numpy as np
 from ppl_cl.batch import Batch
 from ppl_cl.configs.gp_ella import (IndividualGPConfig, LinearELLAConfig, MultiTaskGPConfig,
                                     SharedGPConfig)
-from ppl_cl.learners.gp_ella import ConfigLearner, NotFittedError, TaskStore, ella_engine
+from ppl_cl.learners.gp_ella import (ConfigLearner, NotFittedError, TaskStore, ella_engine,
+                                     ella_state_from_tree, ella_state_tree)
 from ppl_cl.predictive import GaussianPredictive
 
 __all__ = ["IndividualGPs", "SharedGP", "MultiTaskGP", "LinearELLA"]
@@ -323,20 +324,14 @@ class LinearELLA(ConfigLearner):
             return {"tasks": None}
         s = self._state
         return {"tasks": self._store.state(), "num_updates": self._num_updates,
-                "ella": s._asdict()}
+                "ella": ella_state_tree(s)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from inference.gp_ella import ELLAState
-
         if state.get("tasks") is None:
             self._store, self._state, self._num_updates = TaskStore(), None, 0
             return
-        e = state["ella"]
         self._store = TaskStore.from_state(state["tasks"])
-        self._state = ELLAState(*(e[f] for f in ELLAState._fields))
-        self._state = self._state._replace(sq=float(e["sq"]), l1=float(e["l1"]),
-                                           num_tasks=int(e["num_tasks"]),
-                                           seen=np.asarray(e["seen"], bool))
+        self._state = ella_state_from_tree(state["ella"])
         self._num_updates = int(state["num_updates"])
 
     def to_inference_data(self, *args: Any, **kwargs: Any):
