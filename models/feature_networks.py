@@ -4,9 +4,20 @@ keeps fixed (the paper's fixed-backbone rows).
 
 :func:`feature_network` returns a :class:`FeatureNetwork` ``(init, apply, feature_dim)``:
 ``"identity"`` (pre-extracted features, phi(x) = x), ``"mlp"`` (ReLU MLP), ``"cnn"``
-(conv3x3-ReLU-avgpool blocks + dense ReLU) and ``"resnet18"`` (the CIFAR ResNet-18 of App. D.4
-with GroupNorm). :func:`with_postprocessing` adds App. D.3's feature normalization (divide by
-the square root of the dimension) and bias (a constant 1 appended).
+(conv3x3-ReLU-avgpool blocks + dense ReLU), ``"resnet18"`` (the CIFAR ResNet-18 of App. D.4
+with GroupNorm) and ``"rff"`` (random Fourier features). :func:`with_postprocessing` adds App.
+D.3's feature normalization (divide by the square root of the dimension) and bias (a constant 1
+appended).
+
+Random Fourier features (Rahimi & Recht 2007, "Random Features for Large-Scale Kernel
+Machines"): ``phi(x) = sqrt(2) cos(x W / l + b)`` with ``W ~ N(0, I)`` of shape ``(d, m)`` and
+``b ~ U(0, 2 pi)`` (theta = ``{"w": W, "b": b}``, drawn in ``init``; ``l`` the lengthscale).
+Since ``E[2 cos(w.x/l + b) cos(w.x'/l + b)] = E[cos(w.(x - x')/l)] = exp(-|x - x'|^2 / (2 l^2))``,
+the kernel ``(1/m) phi(x)^T phi(x')`` tends to the squared-exponential kernel of variance 1 as
+``m -> inf``. Bayesian linear regression on phi with the prior ``w ~ N(0, I/m)`` (the Kalman
+learners' default prior variance ``s_w2 = 1/m``, Algorithm 1) therefore has the prior covariance
+``(1/m) phi^T phi`` and is, in the limit, the GP with that SE kernel; without fine-tuning
+and with gamma = 1 the regression filter gives that (approximate) GP posterior.
 """
 
 from __future__ import annotations
@@ -173,26 +184,48 @@ def _resnet18(input_shape: tuple[int, ...], feature_dim: int, width: int, dtype)
     return FeatureNetwork(init, apply, feature_dim if head else widths[-1])
 
 
+def _rff(input_dim: int, feature_dim: int, lengthscale: float, dtype) -> FeatureNetwork:
+    """Random Fourier features of the SE kernel (Rahimi & Recht 2007; module docstring)."""
+    scale = 1.0 / float(lengthscale)
+
+    def init(key):
+        kw, kb = jax.random.split(key)
+        return {"w": _normal(kw, (input_dim, feature_dim), dtype),
+                "b": jax.random.uniform(kb, (feature_dim,), dtype, 0.0, 2.0 * math.pi)}
+
+    def apply(theta, x):
+        return math.sqrt(2.0) * jnp.cos((x @ theta["w"]) * scale + theta["b"])
+
+    return FeatureNetwork(init, apply, feature_dim)
+
+
 def _identity(input_dim: int) -> FeatureNetwork:
     return FeatureNetwork(lambda key: [], lambda theta, x: x, input_dim)
 
 
-FEATURE_NETWORKS = ("identity", "mlp", "cnn", "resnet18")
+FEATURE_NETWORKS = ("identity", "mlp", "cnn", "resnet18", "rff")
 
 
 def feature_network(name: str, *, input_dim: int, feature_dim: int | None = None,
                     hidden: tuple[int, ...] = (256,), input_shape: tuple[int, ...] | None = None,
                     channels: tuple[int, ...] = (32, 64), width: int = 64,
-                    dtype: Any = jnp.float32) -> FeatureNetwork:
+                    lengthscale: float = 1.0, dtype: Any = jnp.float32) -> FeatureNetwork:
     """Build the representation ``phi(x; theta)`` named ``name``.
 
     Args:
         name: ``"identity"`` (phi(x) = x: pre-extracted features), ``"mlp"`` (ReLU MLP with
             ``hidden`` layers), ``"cnn"`` (conv3x3-ReLU-avgpool per entry of ``channels``, then
-            dense ReLU), ``"resnet18"`` (CIFAR ResNet-18 of base ``width``, GroupNorm).
+            dense ReLU), ``"resnet18"`` (CIFAR ResNet-18 of base ``width``, GroupNorm),
+            ``"rff"`` (random Fourier features, Rahimi & Recht 2007:
+            ``phi(x) = sqrt(2) cos(x W / lengthscale + b)``, ``W ~ N(0, I)`` of shape
+            ``(input_dim, feature_dim)``, ``b ~ U(0, 2 pi)``, theta = ``{"w": W, "b": b}``).
+            ``(1/m) phi(x)^T phi(x')`` tends to ``exp(-|x - x'|^2 / (2 lengthscale^2))``, so
+            Bayesian linear regression on the rff features with prior variance ``1/m`` (the
+            Kalman learners' default) is, as ``m -> inf``, the GP with that SE kernel.
         input_dim: d, the flattened input size.
         feature_dim: m (ignored by ``"identity"``).
         input_shape: ``(H, W, C)`` for the image networks (``prod == input_dim``).
+        lengthscale: the SE kernel's lengthscale of ``"rff"`` (> 0; ignored by the others).
         dtype: parameter dtype.
     """
     if name == "identity":
@@ -209,6 +242,12 @@ def feature_network(name: str, *, input_dim: int, feature_dim: int | None = None
         if name == "cnn":
             return _cnn(tuple(input_shape), tuple(channels), feature_dim, dtype)
         return _resnet18(tuple(input_shape), feature_dim, width, dtype)
+    if name == "rff":
+        if isinstance(lengthscale, bool) or not isinstance(lengthscale, (int, float)) \
+                or not (math.isfinite(lengthscale) and lengthscale > 0):
+            raise ValueError(f"lengthscale: expected a finite number > 0 for network 'rff', "
+                             f"received {lengthscale!r}")
+        return _rff(input_dim, feature_dim, float(lengthscale), dtype)
     raise ValueError(f"feature network: expected one of {FEATURE_NETWORKS}, received {name!r}")
 
 

@@ -17,7 +17,7 @@ from typing import Literal
 
 __all__ = ["NetworkConfig", "KalmanConfig", "KalmanRegressorConfig", "OnlineSGDConfig"]
 
-NetworkName = Literal["identity", "mlp", "cnn", "resnet18"]
+NetworkName = Literal["identity", "mlp", "cnn", "resnet18", "rff"]
 Transition = Literal["always", "last", "first"]
 Optimizer = Literal["sgd", "adamw"]
 DType = Literal["float32", "float64"]
@@ -50,13 +50,18 @@ class NetworkConfig:
 
     Attributes:
         name: ``"identity"`` (phi(x) = x: pre-extracted features, the paper's fixed-backbone
-            setting), ``"mlp"``, ``"cnn"`` or ``"resnet18"`` (App. D.4's CIFAR backbone).
+            setting), ``"mlp"``, ``"cnn"``, ``"resnet18"`` (App. D.4's CIFAR backbone) or
+            ``"rff"`` (random Fourier features of the SE kernel, Rahimi & Recht 2007: with the
+            default prior variance 1/m and no fine-tuning, the regression learner approximates
+            the GP with kernel ``exp(-|x - x'|^2 / (2 lengthscale^2))``).
         feature_dim: m, the network's output size (ignored by ``"identity"``).
         hidden: the MLP's hidden layer sizes.
         input_shape: ``(H, W, C)`` of the image networks (inputs arrive flattened); ``None``
             for ``"identity"`` / ``"mlp"``.
         channels: the CNN's conv widths, one avg-pooled block each.
         resnet_width: base width of the ResNet-18 (64 is the standard network).
+        lengthscale: the SE kernel's lengthscale of ``"rff"`` (> 0; ignored by the other
+            networks; configs saved without it load with 1).
     """
 
     name: NetworkName = "identity"
@@ -65,9 +70,10 @@ class NetworkConfig:
     input_shape: tuple[int, ...] | None = None
     channels: tuple[int, ...] = (32, 64)
     resnet_width: int = 64
+    lengthscale: float = 1.0
 
     def __post_init__(self) -> None:
-        _choice("network.name", self.name, ("identity", "mlp", "cnn", "resnet18"))
+        _choice("network.name", self.name, ("identity", "mlp", "cnn", "resnet18", "rff"))
         if self.name != "identity":
             _int("network.feature_dim", self.feature_dim, 1)
         for name in ("hidden", "channels"):
@@ -79,6 +85,7 @@ class NetworkConfig:
             raise ValueError(f"network.input_shape: expected (height, width, channels), "
                              f"received {self.input_shape!r}")
         _int("network.resnet_width", self.resnet_width, 1)
+        _positive("network.lengthscale", self.lengthscale)
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,8 @@ def representation(network: NetworkConfig, input_dim: int, *, bias: bool, normal
     net = feature_network(network.name, input_dim=int(input_dim),
                           feature_dim=network.feature_dim, hidden=tuple(network.hidden),
                           input_shape=network.input_shape, channels=tuple(network.channels),
-                          width=network.resnet_width, dtype=jnp.dtype(dtype))
+                          width=network.resnet_width, lengthscale=network.lengthscale,
+                          dtype=jnp.dtype(dtype))
     return with_postprocessing(net, normalization=normalization, bias=bias)
 
 
