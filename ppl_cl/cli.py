@@ -4,6 +4,8 @@
     ppl-cl run NAME [--quick] [--seed N] [--device cpu|cuda] [--out DIR] [--set key=value ...]
     ppl-cl reproduce [--quick] [--out DIR] [--only NAME ...] [--seeds N ...] [--set key=value ...]
     ppl-cl report RUN_DIR [RUN_DIR ...] [--out DIR]
+    ppl-cl compare STREAM [--learners a,b,c] [--quick] [--seeds N ...] [--out DIR]
+                   [--set key=value ...]      (ppl-cl compare --list: streams and learners)
     ppl-cl sweep NAME [NAME ...] --out DIR [--seeds N ...] [--grid key=v1,v2 ...]
                  [--set key=value ...] [--quick] [--address auto|HOST:PORT | --local-processes N]
                  [--cpus-per-run N] [--gpus-per-run F]
@@ -131,6 +133,49 @@ def _cmd_reproduce(args) -> int:
     return 1 if res["failed"] else 0
 
 
+def _cmd_compare(args) -> int:
+    from ppl_cl.experiments import compare, run_experiment
+
+    if args.list or args.stream is None:
+        if args.stream is None and not args.list:
+            raise ConfigError("compare: name a stream (ppl-cl compare --list shows them)")
+        print("streams:")
+        for name, (_, doc) in compare.STREAMS.items():
+            print(f"  {name:<28} {doc}")
+        print("learners:")
+        for name, d in compare.LEARNERS.items():
+            print(f"  {name:<28} {d.kind:<15} {d.label}")
+        return 0
+    if args.stream not in compare.STREAMS:
+        raise ConfigError(f"compare: unknown stream {args.stream!r}; known: "
+                          f"{', '.join(compare.STREAMS)}")
+    overrides = _parse_sets(args.set)
+    if args.learners:
+        names = [n.strip() for n in args.learners.split(",") if n.strip()]
+        bad = [n for n in names if n not in compare.LEARNERS]
+        if bad:
+            raise ConfigError(f"--learners: unknown {bad}; known: {', '.join(compare.LEARNERS)}")
+        overrides["learners"] = json.dumps(names)
+    seeds = args.seeds or [0]
+    base = Path(args.out or f"runs/compare-{args.stream}")
+    results = []
+    for seed in seeds:
+        out = base if len(seeds) == 1 else base / f"seed-{seed}"
+        metrics = run_experiment(f"compare-{args.stream}", quick=args.quick, seed=seed,
+                                 device=args.device, out=out, overrides=overrides,
+                                 data_dir=args.data_dir, show_progress=args.progress,
+                                 force=args.force)
+        results.append(metrics)
+    title = f"{args.stream}: {compare.STREAMS[args.stream][1]}"
+    if len(seeds) > 1:
+        from ppl_cl.persist import atomic_write_text
+
+        atomic_write_text(base / "report.md", compare.aggregate_seeds(results, title))
+    print((base / "report.md").read_text(encoding="utf-8"))
+    print(f"wrote {base}/report.md", file=sys.stderr)
+    return 0
+
+
 def _cmd_report(args) -> int:
     from ppl_cl.experiments.reproduce import collect
 
@@ -233,6 +278,24 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--notes", metavar="FILE", default=None,
                     help="text file (markdown) added under '## Notes' and as the JSON's notes")
 
+    cp = sub.add_parser("compare", parents=[common],
+                        help="one stream through several learners: one table, one figure")
+    cp.add_argument("stream", nargs="?", default=None, help="a stream (--list shows them)")
+    cp.add_argument("--list", action="store_true", help="list the streams and learners")
+    cp.add_argument("--learners", default=None, metavar="A,B,C",
+                    help="learners to run (default: every learner of the stream's kind)")
+    cp.add_argument("--quick", action="store_true", help="small sizes (minutes on a CPU)")
+    cp.add_argument("--seeds", nargs="+", type=int, default=None, metavar="N",
+                    help="seeds (default 0); several: a run folder each and a mean ± std table")
+    cp.add_argument("--device", default="cpu", help="cpu or cuda")
+    cp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    cp.add_argument("--force", action="store_true",
+                    help="replace finished runs in the output folder")
+    cp.add_argument("--threads", type=int, default=None, metavar="N",
+                    help="threads for torch, JAX and BLAS (as for `ppl-cl run`)")
+    cp.add_argument("--out", default=None, help="folder (default runs/compare-STREAM)")
+    cp.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override")
+
     sw = sub.add_parser("sweep", parents=[common],
                         help="experiments x seeds x --grid values as independent runs (Ray, or "
                              "a local process pool), then the pooled report")
@@ -290,8 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     passes it on to its live runs first. The previous handler is restored on return."""
     args = build_parser().parse_args(argv)
     handlers = {"list": _cmd_list, "run": _cmd_run, "reproduce": _cmd_reproduce,
-                "report": _cmd_report, "sweep": _cmd_sweep, "data": _cmd_data}
-    running = args.cmd in ("run", "reproduce")
+                "report": _cmd_report, "compare": _cmd_compare, "sweep": _cmd_sweep, "data": _cmd_data}
+    running = args.cmd in ("run", "reproduce", "compare")
     catch = (running or args.cmd == "sweep") and \
         threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if catch else None

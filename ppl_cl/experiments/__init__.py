@@ -29,7 +29,7 @@ __all__ = ["MODULES", "EXTRA_ENV", "PaperNumber", "RunContext", "ExperimentSpec"
            "register", "registry", "run_experiment"]
 
 #: the modules that register experiments, in the order ``ppl-cl list`` shows them
-MODULES = ("exact_gp", "vargp", "kalman", "vips", "gp_tree", "gp_ella")
+MODULES = ("exact_gp", "vargp", "kalman", "vips", "gp_tree", "gp_ella", "compare")
 
 #: the environment variable naming further experiment modules (module names or ``.py`` paths)
 EXTRA_ENV = "PPL_CL_EXPERIMENTS"

@@ -1,0 +1,810 @@
+"""One stream, several methods: ``ppl-cl compare STREAM`` (docs/compare.md).
+
+Every learner shares one protocol (:mod:`ppl_cl.learner`), so one stream can be fed to several
+of them and scored by the same metrics. Each stream registers an experiment
+``compare-<stream>`` (config :class:`CompareConfig`); ``ppl-cl compare`` runs it for one or
+more seeds and writes the registry's run folder: ``config.json``, ``metrics.json`` (a flat
+summary keyed ``<metric>_<learner>``), one figure of curves per learner over the stream's
+units, ``curves.json`` and ``report.md`` with the table.
+
+The protocol (the same for every learner of a stream's kind):
+
+* the stream is a list of *units* (tasks, class-incremental sessions, sorted batches, the
+  tasks of an online stream), each with training points and a test set;
+* a learner is fed either whole units (``feed="task"``: VAR-GP, GP-Tree, the GPs, the online
+  sparse GPs, GP-ELLA) or each unit in chunks of ``chunk_size`` points (``feed="chunks"``: the
+  Kalman filters and online SGD, which learn one chunk at a time); an *online* stream (the
+  Kalman OCL MNIST streams) admits only chunk learners;
+* prequential scoring (Kalman OCL Sect. 4.2, eq. 14): every training point is predicted
+  before the learner has seen it (the unit, or the chunk, is predicted before its update);
+  this gives the average online accuracy and the cumulative log-loss (classification) and
+  the online NLPD (regression; not on the multi-task streams, where every unit is a task
+  the task-aware learners have no predictive for before its data). A learner that cannot predict before any data (GP-Tree
+  builds its tree from the first classes) scores its first unit with the uniform
+  distribution, and a learner whose predictive covers only the classes it has seen is mixed
+  with :data:`SMOOTHING` of the uniform over all classes for these scores (an unseen class
+  costs log(K / 0.001) nats, not infinity);
+* after each unit the test sets of the units seen so far are scored: the accuracy matrix
+  ``R[i, j]`` (final average accuracy, forgetting; VAR-GP Sect. 5) and, at the end, the
+  expected calibration error of the pooled test predictions (15 bins); for regression the
+  RMSE and NLPD on the pooled test points of the units so far (VIPS Sect. 5), and M, the
+  inducing points, where the learner has them;
+* ``wall_time_s``: seconds in the learner's ``update`` and prequential ``predict`` calls
+  (the test-set scoring is not counted).
+
+A learner that cannot take a stream's protocol is listed in ``metrics.json``
+(``not_applicable``) and ``report.md`` with the reason, never skipped silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from ppl_cl.batch import Batch, as_numpy
+from ppl_cl.experiments.base import RunContext, register
+
+__all__ = ["CompareConfig", "Stream", "STREAMS", "LEARNERS", "build_stream", "not_applicable",
+           "compare_stream", "report_markdown", "aggregate_seeds"]
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """What ``compare-<stream>`` runs.
+
+    Attributes:
+        learners: the learners to run (names of :data:`LEARNERS`); empty: every learner of the
+            stream's kind.
+        n_train: training points per unit (per class for the class-split streams; per unit
+            otherwise); 0: the stream's default size (docs/compare.md).
+        n_test: test points per unit (per class for the class-split streams); 0: default.
+        n_units: units kept (tasks, sessions, batches); 0: all of the stream's.
+        chunk_size: points per chunk of the chunk learners (Kalman OCL Sect. 4.2: 10).
+        vargp_max_epochs: VAR-GP's epochs per task (the learner's other settings are its
+            defaults, the authors' protocol; no validation set, so no early stopping).
+        gibbs_steps, gibbs_chains: GP-Tree's Gibbs sweeps and parallel chains per node.
+        exact_max_train: the exact GP refits on at most this many of the points seen
+            (a random subset; exact GPs are cubic); 0: all.
+        fixed_m: M of the fixed-M online sparse GP (Bui et al. 2017).
+        rff_features: random Fourier features of the Kalman regressors.
+        rff_lengthscale: their SE lengthscale; 0: the median distance of the first unit's
+            inputs (a heuristic: a GP fits its lengthscale, the filter's features stay fixed).
+    """
+
+    learners: tuple[str, ...] = ()
+    n_train: int = 0
+    n_test: int = 0
+    n_units: int = 0
+    chunk_size: int = 10
+    vargp_max_epochs: int = 40
+    gibbs_steps: int = 10
+    gibbs_chains: int = 30
+    exact_max_train: int = 2000
+    fixed_m: int = 100
+    rff_features: int = 500
+    rff_lengthscale: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.learners, (list, str)):
+            value = [self.learners] if isinstance(self.learners, str) else self.learners
+            object.__setattr__(self, "learners", tuple(value))
+        bad = [n for n in self.learners if n not in LEARNERS]
+        if bad:
+            raise ValueError(f"learners: unknown {bad}; known: {sorted(LEARNERS)}")
+        for name in ("n_train", "n_test", "n_units", "exact_max_train"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}: expected an int >= 0, received {v!r}")
+        if not (isinstance(self.rff_lengthscale, (int, float)) and self.rff_lengthscale >= 0):
+            raise ValueError(f"rff_lengthscale: expected a number >= 0, received "
+                             f"{self.rff_lengthscale!r}")
+        for name in ("chunk_size", "vargp_max_epochs", "gibbs_steps", "gibbs_chains",
+                     "fixed_m", "rff_features"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}: expected an int >= 1, received {v!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# streams
+# ---------------------------------------------------------------------------------------------
+class Unit(NamedTuple):
+    """One task / session / batch: ``train`` and ``test`` batches; ``task_id`` is passed to
+    ``update`` and ``predict`` of task-aware learners (multi-task regression), else None."""
+
+    train: Batch
+    test: Batch
+    task_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A stream as the comparison feeds it.
+
+    Attributes:
+        name, kind: ``"classification"`` or ``"regression"``.
+        units: the :class:`Unit` list, in order.
+        num_classes: K (classification).
+        online: only chunk learners take it (the Kalman OCL streams).
+        multitask: units are tasks with ids (GP-ELLA's streams).
+        new_classes: every unit brings classes no earlier unit had (class-incremental).
+        size: what was kept, in words (for the report).
+    """
+
+    name: str
+    kind: str
+    units: list
+    num_classes: int = 0
+    online: bool = False
+    multitask: bool = False
+    new_classes: bool = False
+    size: str = ""
+
+    @property
+    def input_dim(self) -> int:
+        return int(self.units[0].train.x.shape[1])
+
+
+def _per_class(x, y, n: int, rng: np.random.Generator):
+    """At most ``n`` rows of each class (0: all), in data order."""
+    if n <= 0:
+        return x, y
+    keep = np.concatenate([rng.permutation(np.flatnonzero(y == c))[:n] for c in np.unique(y)])
+    keep.sort()
+    return x[keep], y[keep]
+
+
+def _class_units(xtr, ytr, xte, yte, groups, n_train: int, n_test: int, seed: int) -> list:
+    from ppl_cl.data.streams import split_tasks
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in split_tasks(xtr, ytr, xte, yte, groups):
+        tx, ty = _per_class(np.asarray(t.train.x), np.asarray(t.train.y), n_train, rng)
+        sx, sy = _per_class(np.asarray(t.test.x), np.asarray(t.test.y), n_test, rng)
+        out.append(Unit(Batch(tx.astype(np.float32), ty), Batch(sx.astype(np.float32), sy)))
+    return out
+
+
+def _mnist(data_dir):
+    from ppl_cl.data.loaders import load_mnist
+
+    xtr, ytr = load_mnist("train", data_dir=data_dir)
+    xte, yte = load_mnist("test", data_dir=data_dir)
+    return xtr, ytr, xte, yte
+
+
+def _split(name: str, loader, per_class: tuple[int, int]):
+    def build(c: CompareConfig, seed: int, data_dir) -> Stream:
+        from ppl_cl.data.streams import SPLIT_MNIST_CLASS_GROUPS
+
+        n_tr, n_te = c.n_train or per_class[0], c.n_test or per_class[1]
+        groups = SPLIT_MNIST_CLASS_GROUPS[: c.n_units or None]
+        units = _class_units(*loader(data_dir, seed), groups, n_tr, n_te, seed)
+        n_x = sum(len(u.train) for u in units)
+        n_y = sum(len(u.test) for u in units)
+        return Stream(name, "classification", units, 10, new_classes=True,
+                      size=f"{len(units)} tasks of 2 classes, {n_x} training and {n_y} test "
+                           f"images in all")
+    return build
+
+
+def _digits(data_dir, seed):
+    from ppl_cl.data.loaders import load_digits
+    from ppl_cl.data.streams import validation_split
+
+    x, y = load_digits()
+    (xtr, ytr), (xte, yte) = validation_split(x, y, 540, seed=seed)
+    return xtr, ytr, xte, yte
+
+
+def _permuted(c: CompareConfig, seed: int, data_dir) -> Stream:
+    from ppl_cl.data.streams import permuted_tasks
+
+    xtr, ytr, xte, yte = _mnist(data_dir)
+    n_tasks = c.n_units or 5
+    n_tr, n_te = c.n_train or 1000, c.n_test or 500
+    rng = np.random.default_rng(seed)
+    units = []
+    for t in permuted_tasks(xtr, ytr, xte, yte, n_tasks=n_tasks, seed=seed):
+        i = rng.permutation(len(t.train))[:n_tr]
+        j = rng.permutation(len(t.test))[:n_te]
+        units.append(Unit(Batch(np.asarray(t.train.x)[i].astype(np.float32),
+                                np.asarray(t.train.y)[i]),
+                          Batch(np.asarray(t.test.x)[j].astype(np.float32),
+                                np.asarray(t.test.y)[j])))
+    return Stream("permuted-mnist", "classification", units, 10,
+                  size=f"{n_tasks} permutations, {n_tr} training and {n_te} test images each")
+
+
+def _letter(c: CompareConfig, seed: int, data_dir) -> Stream:
+    from ppl_cl.experiments.gp_tree import letter_split
+
+    xtr, ytr, xte, yte = letter_split(data_dir)
+    groups = [tuple(range(10))] + [tuple(range(10 + 4 * s, 14 + 4 * s)) for s in range(4)]
+    groups = groups[: c.n_units or None]
+    n_tr, n_te = c.n_train or 100, c.n_test or 100
+    units = _class_units(xtr, ytr, xte, yte, groups, n_tr, n_te, seed)
+    return Stream("letter-sessions", "classification", units, 26, new_classes=True,
+                  size=f"a base session of 10 letters and {len(groups) - 1} sessions of 4 new "
+                       f"letters; <= {n_tr} training and <= {n_te} test rows per letter")
+
+
+def _kalman_mnist(stationary: bool):
+    def build(c: CompareConfig, seed: int, data_dir) -> Stream:
+        xtr, ytr, xte, yte = _mnist(data_dir)
+        n = c.n_train or 10000
+        n_te = c.n_test or 2000
+        rng = np.random.default_rng(seed)
+        xtr, xte = xtr.astype(np.float32), xte.astype(np.float32)
+        if stationary:
+            i = rng.permutation(len(ytr))[:n]
+            j = rng.permutation(len(yte))[:n_te]
+            units = [Unit(Batch(xtr[i], ytr[i]), Batch(xte[j], yte[j]))]
+            size = f"{n} shuffled training images in chunks of {c.chunk_size}; {n_te} test"
+        else:
+            groups = [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9)][: c.n_units or None]
+            units = []
+            for g in groups:
+                i = rng.permutation(np.flatnonzero(np.isin(ytr, g)))[: n // 5]
+                j = rng.permutation(np.flatnonzero(np.isin(yte, g)))[: n_te // 5]
+                units.append(Unit(Batch(xtr[i], ytr[i]), Batch(xte[j], yte[j])))
+            size = (f"{len(groups)} class-pair tasks of {n // 5} images in order, chunks of "
+                    f"{c.chunk_size}; {n_te // 5} test images per task")
+        return Stream("kalman-mnist-" + ("stationary" if stationary else "nonstationary"),
+                      "classification", units, 10, online=True, size=size)
+    return build
+
+
+def _uci(name: str):
+    def build(c: CompareConfig, seed: int, data_dir) -> Stream:
+        from ppl_cl.experiments.vips import DEFAULT_FOLDS, load_uci_full, uci_stream, zscore
+
+        x, y = load_uci_full(name, data_dir)
+        n_batches = 20
+        folds = uci_stream(zscore(x), zscore(y), n_batches, DEFAULT_FOLDS.get(name, 5), seed=seed)
+        train, test = folds[0]
+        keep = c.n_units or n_batches
+        units = [Unit(Batch(*train[i]), Batch(*test[i])) for i in range(keep)]
+        return Stream(f"uci-{name}", "regression", units,
+                      size=f"the first {keep} of {n_batches} batches sorted by the first input "
+                           f"(VIPS Sect. 5.2), fold 0")
+    return build
+
+
+def _multitask(name: str):
+    def build(c: CompareConfig, seed: int, data_dir) -> Stream:
+        from ppl_cl.experiments.gp_ella import split_and_center
+
+        if name == "schools":
+            from ppl_cl.data.loaders import load_schools
+            tasks = load_schools(data_dir=data_dir)
+        elif name == "parkinsons":
+            from ppl_cl.data.loaders import load_parkinsons
+            tasks = load_parkinsons("motor", data_dir=data_dir)
+        else:
+            from ppl_cl.data.synthetic import ella_linear_tasks
+            tasks = ella_linear_tasks(n_tasks=12, n_per_task=40, dim=5, n_latent=3,
+                                      seed=seed).tasks
+        rng = np.random.default_rng(seed)
+        data = split_and_center(tasks, rng)
+        order = rng.permutation(len(data))[: c.n_units or (40 if name == "schools" else None)]
+        units = [Unit(Batch(data[t][0], data[t][1], task_id=int(t)),
+                      Batch(data[t][2], data[t][3], task_id=int(t)), int(t)) for t in order]
+        return Stream(name, "regression", units, multitask=True,
+                      size=f"{len(units)} of {len(data)} tasks in a random order, a 50/50 split "
+                           f"per task (GP-ELLA Sect. 5.2)")
+    return build
+
+
+def _synthetic_regression(c: CompareConfig, seed: int, data_dir) -> Stream:
+    from ppl_cl.data.synthetic import vips_d1
+    from ppl_cl.experiments.vips import uci_stream
+
+    x, y = vips_d1(seed)
+    n_batches = c.n_units or 5
+    train, test = uci_stream(x, y, n_batches, 1, seed=seed)[0]
+    units = [Unit(Batch(*train[i]), Batch(*test[i])) for i in range(n_batches)]
+    return Stream("synthetic-regression", "regression", units,
+                  size=f"VIPS D1 (500 points on [0, 10]) in {n_batches} sorted batches, 80/20")
+
+
+#: stream name -> (builder, description)
+STREAMS: dict[str, tuple[Callable[[CompareConfig, int, Any], Stream], str]] = {
+    "split-mnist": (_split("split-mnist", lambda d, s: _mnist(d), (1000, 500)),
+                    "Split MNIST, 5 digit-pair tasks, single head"),
+    "split-digits": (_split("split-digits", _digits, (0, 0)),
+                     "the Split-MNIST protocol on scikit-learn's 8x8 digits (always available)"),
+    "permuted-mnist": (_permuted, "Permuted MNIST (pixel permutations, 10 classes per task)"),
+    "letter-sessions": (_letter, "UCI letter, class-incremental sessions (10 + 4 x 4 letters)"),
+    "kalman-mnist-stationary": (_kalman_mnist(True),
+                                "MNIST online stream, shuffled (Kalman OCL Sect. 4.2)"),
+    "kalman-mnist-nonstationary": (_kalman_mnist(False),
+                                   "MNIST online stream, 5 class-pair tasks in order"),
+    "uci-concrete": (_uci("concrete"), "UCI concrete, sorted batches (VIPS Table 1)"),
+    "uci-kin8nm": (_uci("kin8nm"), "UCI kin8nm, sorted batches (VIPS Table 1)"),
+    "uci-skillcraft": (_uci("skillcraft"), "UCI skillcraft, sorted batches (VIPS Table 1)"),
+    "schools": (_multitask("schools"), "London schools, one task per school (GP-ELLA Sect. 5)"),
+    "parkinsons": (_multitask("parkinsons"),
+                   "Parkinson's telemonitoring, motor UPDRS, one task per patient"),
+    "synthetic-regression": (_synthetic_regression,
+                             "VIPS D1 in sorted batches (generated, always available)"),
+    "synthetic-multitask": (_multitask("synthetic"),
+                            "12 linear factorized tasks (GP-ELLA Sect. 5.1, generated)"),
+}
+
+#: quick sizes of each stream (``--quick``): minutes on the 2-core CPU
+QUICK: dict[str, dict[str, Any]] = {
+    "split-mnist": {"n_train": 100, "n_test": 100, "vargp_max_epochs": 20, "gibbs_steps": 3,
+                    "gibbs_chains": 10},
+    "split-digits": {"vargp_max_epochs": 20, "gibbs_steps": 3, "gibbs_chains": 10},
+    "permuted-mnist": {"n_units": 3, "n_train": 300, "n_test": 200, "vargp_max_epochs": 20},
+    "letter-sessions": {"n_train": 40, "n_test": 40, "gibbs_steps": 3, "gibbs_chains": 10,
+                        "vargp_max_epochs": 20},
+    "kalman-mnist-stationary": {"n_train": 1000, "n_test": 500},
+    "kalman-mnist-nonstationary": {"n_train": 1000, "n_test": 500},
+    "uci-concrete": {"n_units": 4},
+    "uci-kin8nm": {"n_units": 4},
+    "uci-skillcraft": {"n_units": 4},
+    "schools": {"n_units": 8},
+    "parkinsons": {"n_units": 8},
+    "synthetic-regression": {},
+    "synthetic-multitask": {"n_units": 6},
+}
+
+
+def build_stream(name: str, config: CompareConfig, seed: int = 0, data_dir=None) -> Stream:
+    """The stream ``name`` at ``config``'s sizes (``seed``: subsamples, splits, task order)."""
+    if name not in STREAMS:
+        raise ValueError(f"stream: unknown {name!r}; known: {', '.join(STREAMS)}")
+    return STREAMS[name][0](config, seed, data_dir)
+
+
+# ---------------------------------------------------------------------------------------------
+# learners
+# ---------------------------------------------------------------------------------------------
+class LearnerDef(NamedTuple):
+    kind: str                       # "classification" / "regression"
+    feed: str                       # "task" or "chunks"
+    make: Callable[[Stream, CompareConfig, int, str], Any]
+    label: str
+    task_aware: bool = False        # needs task ids (multi-task learners)
+
+
+def _vargp(s: Stream, c: CompareConfig, seed: int, device: str):
+    from ppl_cl.learners.vargp import VARGP
+
+    return VARGP(num_classes=s.num_classes, max_epochs=c.vargp_max_epochs, stopping="none",
+                 seed=seed, device=device, progress=False)
+
+
+def _gptree(s: Stream, c: CompareConfig, seed: int, device: str):
+    from ppl_cl.learners.gp_tree import GPTree
+
+    return GPTree(num_steps=c.gibbs_steps, num_chains=c.gibbs_chains, seed=seed, device=device)
+
+
+def _kalman_config(s: Stream, seed: int):
+    from ppl_cl.experiments.kalman import KalmanOnlineMnistConfig, _kalman_row
+
+    stream = "stationary" if s.name.endswith("-stationary") else "nonstationary"
+    return _kalman_row(KalmanOnlineMnistConfig(), stream, "learned", "replay",
+                       num_classes=s.num_classes, input_dim=s.input_dim, seed=seed)
+
+
+def _kalman(s: Stream, c: CompareConfig, seed: int, device: str):
+    from ppl_cl.learners.kalman import KalmanClassifier
+
+    return KalmanClassifier(_kalman_config(s, seed))
+
+
+def _sgd(s: Stream, c: CompareConfig, seed: int, device: str):
+    from ppl_cl.experiments.kalman import _mnist_sgd
+    from ppl_cl.learners.online_sgd import OnlineSGDClassifier
+
+    return OnlineSGDClassifier(dataclasses.replace(_mnist_sgd(), num_classes=s.num_classes,
+                                                   input_dim=s.input_dim, seed=seed))
+
+
+def _exact(s: Stream, c: CompareConfig, seed: int, device: str):
+    from ppl_cl.learners.exact_gp import ExactGP
+
+    return _Capped(ExactGP(kernel="se"), c.exact_max_train, seed)
+
+
+def _online_sgpr(policy: str):
+    def make(s: Stream, c: CompareConfig, seed: int, device: str):
+        from ppl_cl.learners.vips import OnlineSGPR
+
+        extra = {"fixed_m": c.fixed_m} if policy == "fixed" else {}
+        return OnlineSGPR(policy=policy, oips_rho=0.96, seed=seed, **extra)
+    return make
+
+
+def _gp_ella(s: Stream, c: CompareConfig, seed: int, device: str):
+    from ppl_cl.learners.gp_ella import GPELLA
+
+    return GPELLA(seed=seed)
+
+
+def _individual(s: Stream, c: CompareConfig, seed: int, device: str):
+    from ppl_cl.learners.gp_ella_baselines import IndividualGPs
+
+    return IndividualGPs()
+
+
+def _shared(s: Stream, c: CompareConfig, seed: int, device: str):
+    from ppl_cl.learners.gp_ella_baselines import SharedGP
+
+    return SharedGP(seed=seed, **({"max_train": c.exact_max_train} if c.exact_max_train else {}))
+
+
+def median_distance(x: np.ndarray, max_points: int = 1000, seed: int = 0) -> float:
+    """The median pairwise Euclidean distance of (at most ``max_points`` random rows of)
+    ``x``: the lengthscale heuristic of the random-feature learners."""
+    from scipy.spatial.distance import pdist
+
+    x = np.asarray(x, dtype=np.float64)
+    if x.shape[0] > max_points:
+        x = x[np.random.default_rng(seed).choice(x.shape[0], max_points, replace=False)]
+    d = pdist(x)
+    d = d[d > 0]
+    return float(np.median(d)) if d.size else 1.0
+
+
+def _kalman_rff(drift: bool):
+    def make(s: Stream, c: CompareConfig, seed: int, device: str):
+        from ppl_cl.configs.kalman import NetworkConfig
+        from ppl_cl.learners.kalman import KalmanRegressor
+
+        # the SE lengthscale of the features: given, or the median distance of the first
+        # unit's inputs (inputs only: the prequential scores stay honest)
+        ell = c.rff_lengthscale or median_distance(np.asarray(s.units[0].train.x), seed=seed)
+        return KalmanRegressor(network=NetworkConfig("rff", c.rff_features, lengthscale=ell),
+                               input_dim=s.input_dim, noise_variance=0.1,
+                               learn_forgetting=drift, seed=seed)
+    return make
+
+
+#: compare name -> how it is built and fed
+LEARNERS: dict[str, LearnerDef] = {
+    "vargp": LearnerDef("classification", "task", _vargp, "VAR-GP"),
+    "gp-tree": LearnerDef("classification", "task", _gptree, "GP-Tree (Gibbs)"),
+    "kalman": LearnerDef("classification", "chunks", _kalman,
+                         "Kalman OCL (learned gamma, fine-tuning + replay)"),
+    "online-sgd": LearnerDef("classification", "chunks", _sgd, "online SGD + replay"),
+    "exact-gp": LearnerDef("regression", "task", _exact, "exact GP (refit on all seen)"),
+    "vips": LearnerDef("regression", "task", _online_sgpr("vips"), "online SGPR, VIPS"),
+    "cv": LearnerDef("regression", "task", _online_sgpr("cv"), "online SGPR, Conditional Var."),
+    "oips": LearnerDef("regression", "task", _online_sgpr("oips"), "online SGPR, OIPS"),
+    "fixed-m": LearnerDef("regression", "task", _online_sgpr("fixed"), "online SGPR, fixed M"),
+    "gp-ella": LearnerDef("regression", "task", _gp_ella, "GP-ELLA", task_aware=True),
+    "individual-gps": LearnerDef("regression", "task", _individual, "individual GPs",
+                                 task_aware=True),
+    "shared-gp": LearnerDef("regression", "task", _shared, "shared GP", task_aware=True),
+    "kalman-rff": LearnerDef("regression", "chunks", _kalman_rff(False),
+                             "Kalman regressor on RFF, gamma = 1"),
+    "kalman-rff-drift": LearnerDef("regression", "chunks", _kalman_rff(True),
+                                   "Kalman regressor on RFF, learned gamma"),
+}
+
+
+class _Capped:
+    """An exact GP that refits on at most ``cap`` random points of all it has seen (its
+    ``update`` gets the whole subsample each time; the cap keeps the cubic cost bounded)."""
+
+    def __init__(self, gp, cap: int, seed: int):
+        self.gp, self.cap, self.rng = gp, cap, np.random.default_rng(seed)
+        self.x, self.y = [], []
+
+    def update(self, batch: Batch) -> dict:
+        x = np.concatenate(self.x + [np.asarray(as_numpy(batch.x), np.float64)])
+        y = np.concatenate(self.y + [np.asarray(as_numpy(batch.y), np.float64)])
+        if self.cap and x.shape[0] > self.cap:
+            i = self.rng.choice(x.shape[0], self.cap, replace=False)
+            xs, ys = x[i], y[i]
+        else:
+            xs, ys = x, y
+        fresh = type(self.gp)(self.gp.config)
+        record = fresh.update(Batch(xs, ys))       # validates before anything is kept
+        self.gp = fresh
+        self.x, self.y = [x], [y]
+        return record
+
+    def predict(self, x, task_id=None):
+        return self.gp.predict(x)
+
+
+def not_applicable(name: str, stream: Stream) -> str | None:
+    """Why learner ``name`` cannot take ``stream``'s protocol, or None if it can."""
+    d = LEARNERS[name]
+    if d.kind != stream.kind:
+        return f"a {d.kind} learner; the stream is {stream.kind}"
+    if stream.online and d.feed == "task":
+        if name == "vargp":
+            return ("adds M inducing points per task at every update; a stream of chunks of "
+                    "10 points would give it M inducing points per 10 points")
+        return ("builds a tree of the classes of each session; an online chunk of 10 points "
+                "mixes classes it has seen with new ones")
+    if name == "gp-tree" and not stream.new_classes:
+        return ("class-incremental: each update must bring new classes; here every task has "
+                "the same 10 classes")
+    if d.task_aware and not stream.multitask:
+        return ("a multi-task learner (one GP per task id, shared structure across tasks); a "
+                "single-task stream gives it one task, where it is an exact GP")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+# ---------------------------------------------------------------------------------------------
+def _uniform(n: int, k: int):
+    from ppl_cl.predictive import CategoricalPredictive
+
+    return CategoricalPredictive(np.full((n, k), 1.0 / k))
+
+
+#: the uniform share mixed into the prequential predictive of a learner whose classes are
+#: only those it has seen (GP-Tree): an unseen class then costs log(K / SMOOTHING) nats
+SMOOTHING = 1e-3
+
+
+def _padded(pred, k: int, smoothing: float = 0.0):
+    """A categorical predictive over all ``k`` classes: the learner's (over the classes it
+    has seen, 0..k'-1) padded with zeros, mixed with ``smoothing`` of the uniform."""
+    from ppl_cl.predictive import CategoricalPredictive
+
+    p = np.asarray(pred.probs, dtype=np.float64)
+    if p.shape[1] == k:
+        return pred
+    full = np.zeros((p.shape[0], k))
+    full[:, : p.shape[1]] = p
+    if smoothing:
+        full = (1 - smoothing) * full + smoothing / k
+    return CategoricalPredictive(full)
+
+
+def _predict(learner, x, task_id, stream: Stream):
+    from ppl_cl.errors import NotFittedError
+
+    try:
+        pred = learner.predict(x, task_id=task_id)
+    except NotFittedError:
+        if stream.kind != "classification":
+            raise
+        return _uniform(len(x), stream.num_classes)
+    if stream.kind == "classification":
+        pred = _padded(pred, stream.num_classes, SMOOTHING)
+    return pred
+
+
+def run_learner(name: str, stream: Stream, config: CompareConfig, seed: int = 0,
+                device: str = "cpu", progress=None) -> dict[str, Any]:
+    """Feed ``stream`` to learner ``name`` (module docstring) and score it.
+
+    Returns per-unit curves and the final metrics (fractions for accuracies, nats for
+    log-losses)."""
+    d = LEARNERS[name]
+    learner = d.make(stream, config, seed, device)
+    U = len(stream.units)
+    clock = 0.0
+    pre_logp, pre_correct = [], []
+    R = np.full((U, U), np.nan)
+    curves: dict[str, list] = {"rmse": [], "nlpd": [], "m": [], "online": []}
+    units = stream.units if progress is None else progress(stream.units, desc=name)
+    for i, unit in enumerate(units):
+        tid = unit.task_id if d.task_aware else None
+        if d.feed == "chunks":
+            n = len(unit.train)
+            parts = [np.arange(a, min(a + config.chunk_size, n))
+                     for a in range(0, n, config.chunk_size)]
+        else:
+            parts = [np.arange(len(unit.train))]
+        for idx in parts:
+            xb = np.asarray(unit.train.x)[idx]
+            yb = np.asarray(unit.train.y)[idx]
+            if not stream.multitask:    # a new task has no predictive in a multi-task learner
+                t0 = time.perf_counter()
+                pred = _predict(learner, xb, tid, stream)
+                clock += time.perf_counter() - t0
+                pre_logp.append(pred.log_prob(yb))
+                if stream.kind == "classification":
+                    pre_correct.append(pred.predicted_class() == yb)
+            t0 = time.perf_counter()
+            record = learner.update(Batch(xb, yb, task_id=tid) if d.task_aware
+                                    else Batch(xb, yb))
+            clock += time.perf_counter() - t0
+        if pre_logp:
+            curves["online"].append(float(np.mean(np.concatenate(pre_correct)))
+                                    if stream.kind == "classification"
+                                    else float(-np.mean(np.concatenate(pre_logp))))
+        if stream.kind == "classification":
+            for j in range(i + 1):
+                u = stream.units[j]
+                R[i, j] = learner.predict(np.asarray(u.test.x)).accuracy(np.asarray(u.test.y))
+        else:
+            means, variances, ys = [], [], []
+            for u in stream.units[: i + 1]:
+                p = learner.predict(np.asarray(u.test.x),
+                                    task_id=u.task_id if d.task_aware else None)
+                means.append(p.mean)
+                variances.append(p.variance)
+                ys.append(np.asarray(u.test.y, np.float64))
+            mu, var, y = np.concatenate(means), np.concatenate(variances), np.concatenate(ys)
+            curves["rmse"].append(float(np.sqrt(np.mean((mu - y) ** 2))))
+            curves["nlpd"].append(float(np.mean(0.5 * np.log(2 * np.pi * var)
+                                                + 0.5 * (y - mu) ** 2 / var)))
+            curves["m"].append(float(record["m"]) if isinstance(record, dict) and "m" in record
+                               else float("nan"))
+    logp = np.concatenate(pre_logp) if pre_logp else None
+    out: dict[str, Any] = {"wall_time_s": clock, "units": U}
+    if stream.kind == "classification":
+        from ppl_cl.metrics import average_accuracy, expected_calibration_error, forgetting
+
+        probs = np.concatenate([_padded(learner.predict(np.asarray(u.test.x)),
+                                        stream.num_classes).probs for u in stream.units])
+        y = np.concatenate([np.asarray(u.test.y) for u in stream.units])
+        avg = average_accuracy(R)
+        out.update(final_avg_accuracy=float(avg[-1]),
+                   online_accuracy=float(np.mean(np.concatenate(pre_correct))),
+                   cum_logloss=float(-logp.sum()), mean_logloss=float(-logp.mean()),
+                   ece=float(expected_calibration_error(probs, y)),
+                   accuracy_matrix=R.tolist(), average_accuracy=avg.tolist(),
+                   online_curve=curves["online"])
+        if U > 1:
+            out["forgetting"] = float(forgetting(R))
+    else:
+        out.update(rmse=curves["rmse"][-1], nlpd=curves["nlpd"][-1],
+                   rmse_curve=curves["rmse"], nlpd_curve=curves["nlpd"])
+        if logp is not None:
+            out.update(online_nlpd=float(-logp.mean()), online_curve=curves["online"])
+        if np.isfinite(curves["m"]).any():
+            out["m"] = curves["m"][-1]
+            out["m_curve"] = curves["m"]
+    return out
+
+
+#: the summary's metrics per kind, in table order: (key, column title, format)
+METRICS = {
+    "classification": (("final_avg_accuracy", "final avg. acc.", "{:.4f}"),
+                       ("forgetting", "forgetting", "{:.4f}"),
+                       ("online_accuracy", "avg. online acc.", "{:.4f}"),
+                       ("cum_logloss", "cum. log-loss", "{:.1f}"),
+                       ("ece", "ECE", "{:.4f}"),
+                       ("wall_time_s", "wall time (s)", "{:.1f}")),
+    "regression": (("rmse", "RMSE", "{:.4f}"), ("nlpd", "NLPD", "{:.4f}"),
+                   ("online_nlpd", "online NLPD", "{:.4f}"), ("m", "M", "{:.0f}"),
+                   ("wall_time_s", "wall time (s)", "{:.1f}")),
+}
+
+
+def _key(metric: str, learner: str) -> str:
+    return f"{metric}_{learner.replace('-', '_')}"
+
+
+def report_markdown(stream: Stream | dict, summary: dict, not_app: dict[str, str],
+                    learners: list[str], title: str, std: dict | None = None) -> str:
+    """The table of ``report.md``: one row per learner, one column per metric (mean ± std
+    over seeds when ``std`` is given), then the learners that cannot take the stream."""
+    kind = stream.kind if isinstance(stream, Stream) else stream["kind"]
+    size = stream.size if isinstance(stream, Stream) else stream["size"]
+    cols = METRICS[kind]
+    lines = [f"# {title}", "", f"Stream: {size}.", "",
+             "| learner | " + " | ".join(c[1] for c in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    for name in learners:
+        cells = []
+        for metric, _, fmt in cols:
+            v = summary.get(_key(metric, name))
+            if v is None:
+                cells.append("-")
+                continue
+            cell = fmt.format(v)
+            if std is not None and _key(metric, name) in std:
+                cell += " ± " + fmt.format(std[_key(metric, name)])
+            cells.append(cell)
+        lines.append(f"| {LEARNERS[name].label} (`{name}`) | " + " | ".join(cells) + " |")
+    if not_app:
+        lines += ["", "Not run (the protocol does not fit):", ""]
+        lines += [f"- `{n}`: {why}" for n, why in not_app.items()]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _figure(stream: Stream, results: dict[str, dict], title: str):
+    import matplotlib.pyplot as plt
+
+    if stream.kind == "classification":
+        panels = (("average_accuracy", "average accuracy on the tasks seen"),
+                  ("online_curve", "average online accuracy (prequential)"))
+    else:
+        panels = (("rmse_curve", "test RMSE (units seen)"), ("nlpd_curve", "test NLPD"),
+                  ("m_curve", "M (inducing points)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.6), squeeze=False)
+    for ax, (key, label) in zip(axes[0], panels):
+        for name, res in results.items():
+            if key in res:
+                v = np.asarray(res[key], dtype=float)
+                ax.plot(np.arange(1, len(v) + 1), v, marker="o", ms=3,
+                        label=LEARNERS[name].label)
+        ax.set_xlabel("units (tasks / sessions / batches)")
+        ax.set_title(label, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def compare_stream(stream_name: str, config: CompareConfig, ctx: RunContext) -> dict:
+    """Every learner of ``config`` (or of the stream's kind) on ``stream_name``; writes
+    ``report.md``, ``curves.json`` and ``compare.png`` into the run folder."""
+    import contextlib
+
+    stream = build_stream(stream_name, config, ctx.seed, ctx.data_dir)
+    names = list(config.learners) or [n for n, d in LEARNERS.items() if d.kind == stream.kind]
+    not_app = {n: why for n in names if (why := not_applicable(n, stream)) is not None}
+    run = [n for n in names if n not in not_app]
+    if not run:
+        from ppl_cl.errors import ConfigError
+
+        raise ConfigError(f"learners: none of {names} can take the stream {stream_name!r}: "
+                         + "; ".join(f"{n}: {w}" for n, w in not_app.items()))
+    try:
+        import jax
+        jax_ctx = jax.default_device(ctx.jax_device())
+    except ImportError:                                           # pragma: no cover
+        jax_ctx = contextlib.nullcontext()
+    results: dict[str, dict] = {}
+    summary: dict[str, Any] = {"units": len(stream.units)}
+    with jax_ctx:
+        for name in run:
+            ctx.log(f"{name}: start")
+            res = run_learner(name, stream, config, ctx.seed, ctx.device,
+                              progress=lambda it, desc: ctx.progress(it, desc=desc))
+            results[name] = res
+            for metric, _, _ in METRICS[stream.kind]:
+                if metric in res:
+                    summary[_key(metric, name)] = res[metric]
+            ctx.log(f"{name}: " + ", ".join(f"{m} {res[m]:.4g}" for m, _, _ in
+                                            METRICS[stream.kind] if m in res))
+    title = f"{stream_name}: {STREAMS[stream_name][1]}"
+    (ctx.out_dir / "report.md").write_text(
+        report_markdown(stream, summary, not_app, run, title), encoding="utf-8")
+    (ctx.out_dir / "curves.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    ctx.savefig(_figure(stream, results, title), "compare")
+    return {"summary": summary, "not_applicable": not_app, "learners": run,
+            "stream": {"name": stream_name, "kind": stream.kind, "size": stream.size}}
+
+
+def aggregate_seeds(metrics: list[dict], title: str) -> str:
+    """``report.md`` over several seeds' ``metrics.json``: mean ± std (ddof 1) per cell."""
+    first = metrics[0]
+    keys = set().union(*(m["summary"] for m in metrics))
+    mean, std = {}, {}
+    for k in keys:
+        vals = [m["summary"][k] for m in metrics if isinstance(m["summary"].get(k), (int, float))]
+        if vals:
+            mean[k] = float(np.mean(vals))
+            if len(vals) > 1:
+                std[k] = float(np.std(vals, ddof=1))
+    seeds = ", ".join(str(m["seed"]) for m in metrics)
+    return report_markdown(first["stream"], mean, first["not_applicable"], first["learners"],
+                           f"{title} (seeds {seeds}: mean ± std)", std=std)
+
+
+def _register(stream: str) -> None:
+    def run(config: CompareConfig, ctx: RunContext, stream=stream) -> dict:
+        return compare_stream(stream, config, ctx)
+
+    register(f"compare-{stream}", CompareConfig, quick=QUICK[stream],
+             description=f"compare: {STREAMS[stream][1]}")(run)
+
+
+for _name in STREAMS:
+    _register(_name)

@@ -1,0 +1,156 @@
+"""``ppl-cl compare``: one stream through several learners (ppl_cl/experiments/compare.py).
+
+End to end on the streams that need no data files (scikit-learn's digits, generated
+regression sets), the protocol checked against the generic loops of :mod:`ppl_cl.protocols`,
+the not-applicable rules, the seeds' aggregate and the CLI's one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ppl_cl import Batch
+from ppl_cl.cli import main
+from ppl_cl.experiments import compare as C
+
+
+def _run(tmp_path, argv, capsys=None):
+    rc = main(["compare", *argv, "--out", str(tmp_path), "--no-progress"])
+    return rc
+
+
+def test_classification_end_to_end(tmp_path, capsys):
+    """split-digits quick with GP-Tree and online SGD: the run folder holds config.json,
+    metrics.json (flat summary keyed <metric>_<learner>), report.md, curves.json and the
+    figure; the accuracy matrix gives the summary's final average accuracy and forgetting."""
+    out = tmp_path / "digits"
+    rc = main(["compare", "split-digits", "--quick", "--learners", "gp-tree,online-sgd,vargp",
+               "--set", "n_train=20", "--set", "n_test=20", "--set", "n_units=3",
+               "--set", "vargp_max_epochs=2", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    for f in ("config.json", "metrics.json", "report.md", "curves.json", "compare.png"):
+        assert (out / f).is_file(), f
+    m = json.loads((out / "metrics.json").read_text())
+    s = m["summary"]
+    assert s["units"] == 3
+    curves = json.loads((out / "curves.json").read_text())
+    for name in ("gp_tree", "online_sgd", "vargp"):
+        for metric in ("final_avg_accuracy", "forgetting", "online_accuracy", "cum_logloss",
+                       "ece", "wall_time_s"):
+            assert np.isfinite(s[f"{metric}_{name}"]), (metric, name)
+        R = np.asarray(curves[name.replace("_", "-")]["accuracy_matrix"])
+        assert np.isnan(R[np.triu_indices(3, 1)]).all()          # tasks not seen yet
+        assert s[f"final_avg_accuracy_{name}"] == pytest.approx(R[-1].mean())
+        assert s[f"forgetting_{name}"] == pytest.approx(       # Chaudhry et al. 2018
+            np.mean([R[j:2, j].max() - R[-1, j] for j in range(2)]))
+        assert 0.0 <= s[f"ece_{name}"] <= 1.0
+    # a class-incremental learner predicts a new task's classes with ~0 probability before
+    # it sees them: its online accuracy on whole tasks is below the chunk learner's
+    assert s["online_accuracy_gp_tree"] < s["online_accuracy_online_sgd"]
+    report = (out / "report.md").read_text()
+    assert "| GP-Tree (Gibbs) (`gp-tree`) |" in report and "`kalman`" not in report
+    assert "report.md" in capsys.readouterr().err
+
+
+def test_chunk_learner_matches_prequential_loop(tmp_path):
+    """A chunk learner's online accuracy and cumulative log-loss equal those of
+    ppl_cl.protocols.prequential run on the same chunks by an independent loop, and its
+    accuracy matrix equals evaluate_tasks' after each task."""
+    from ppl_cl.data.streams import TaskSplit
+    from ppl_cl.protocols import evaluate_tasks, prequential
+
+    cfg = C.CompareConfig(n_train=15, n_test=10, n_units=2, chunk_size=7)
+    stream = C.build_stream("split-digits", cfg, seed=0)
+    res = C.run_learner("online-sgd", stream, cfg, seed=0)
+    learner = C.LEARNERS["online-sgd"].make(stream, cfg, 0, "cpu")
+    logp, correct, R = [], [], np.full((2, 2), np.nan)
+    tasks = [TaskSplit(u.train, u.test, i, None) for i, u in enumerate(stream.units)]
+    for i, u in enumerate(stream.units):
+        x, y = np.asarray(u.train.x), np.asarray(u.train.y)
+        chunks = [Batch(x[a:a + 7], y[a:a + 7]) for a in range(0, len(y), 7)]
+        r = prequential(learner, chunks)
+        logp.append(r.log_prob)
+        correct.append(r.correct)
+        R[i] = evaluate_tasks(learner, tasks, upto=i)[0]
+    assert res["online_accuracy"] == pytest.approx(np.concatenate(correct).mean())
+    assert res["cum_logloss"] == pytest.approx(-np.concatenate(logp).sum(), rel=1e-6)
+    np.testing.assert_allclose(np.asarray(res["accuracy_matrix"]), R)
+
+
+def test_regression_and_multitask(tmp_path):
+    """Regression: test RMSE / NLPD after each batch on the pooled test points of the batches
+    seen (recomputed here from the learner's predictive), M for the online sparse GP; the
+    multi-task stream passes task ids to GP-ELLA-family learners and not to the others."""
+    cfg = C.CompareConfig(n_units=2, fixed_m=15)
+    stream = C.build_stream("synthetic-regression", cfg, seed=0)
+    assert len(stream.units) == 2 and stream.kind == "regression"
+    res = C.run_learner("fixed-m", stream, cfg, seed=0)
+    assert res["m"] == 15 and res["m_curve"] == [15.0, 15.0]
+    assert res["rmse_curve"][-1] == res["rmse"] and len(res["nlpd_curve"]) == 2
+    assert np.isfinite(res["online_nlpd"])
+    exact = C.run_learner("exact-gp", stream, cfg, seed=0)
+    assert exact["rmse"] < 0.3                   # D1's noise std is 0.2, f's std about 1
+    rff = C.run_learner("kalman-rff", stream, cfg, seed=0)
+    y = np.concatenate([np.asarray(u.test.y) for u in stream.units])
+    assert rff["rmse"] < np.sqrt(np.mean(y ** 2)) and len(rff["online_curve"]) == 2
+
+    mt = C.build_stream("synthetic-multitask", C.CompareConfig(n_units=3), seed=0)
+    assert mt.multitask and all(u.task_id is not None for u in mt.units)
+    for name in ("gp-ella", "individual-gps"):
+        r = C.run_learner(name, mt, C.CompareConfig(n_units=3), seed=0)
+        assert np.isfinite([r["rmse"], r["nlpd"]]).all()
+        assert "m" not in r and "online_nlpd" not in r      # no predictive for a new task
+
+
+def test_not_applicable_rules():
+    """Each learner is run where the protocol fits and listed with its reason elsewhere."""
+    b = Batch(np.zeros((4, 3), np.float32), np.array([0, 1, 0, 1]))
+    unit = C.Unit(b, b)
+    online = C.Stream("kalman-mnist-stationary", "classification", [unit], 10, online=True)
+    permuted = C.Stream("permuted-mnist", "classification", [unit, unit], 10)
+    split = C.Stream("split-digits", "classification", [unit], 10, new_classes=True)
+    regression = C.Stream("uci-concrete", "regression", [unit])
+    assert "chunks of 10" in C.not_applicable("vargp", online)
+    assert "classes" in C.not_applicable("gp-tree", online)
+    assert "new classes" in C.not_applicable("gp-tree", permuted)
+    assert C.not_applicable("vargp", permuted) is None
+    assert C.not_applicable("kalman", online) is None
+    assert C.not_applicable("gp-tree", split) is None
+    assert "regression" in C.not_applicable("exact-gp", split)
+    assert "multi-task" in C.not_applicable("gp-ella", regression)
+    assert C.not_applicable("kalman-rff", regression) is None
+
+
+def test_seeds_aggregate(tmp_path, capsys):
+    """--seeds 0 1: a run folder per seed and report.md with mean ± std over them."""
+    rc = main(["compare", "synthetic-multitask", "--learners", "individual-gps",
+               "--set", "n_units=2", "--seeds", "0", "1", "--out", str(tmp_path),
+               "--no-progress"])
+    assert rc == 0
+    ms = [json.loads((tmp_path / f"seed-{s}" / "metrics.json").read_text()) for s in (0, 1)]
+    report = (tmp_path / "report.md").read_text()
+    vals = [m["summary"]["rmse_individual_gps"] for m in ms]
+    assert f"{np.mean(vals):.4f} ± {np.std(vals, ddof=1):.4f}" in report
+    assert "seeds 0, 1" in report
+    assert "multi-task" not in report            # every learner asked for could run
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["no-such-stream"], "unknown stream"),
+    (["split-digits", "--learners", "vargp,nope"], "unknown ['nope']"),
+    (["synthetic-regression", "--learners", "vargp"], "none of ['vargp'] can take"),
+    ([], "name a stream"),
+])
+def test_cli_errors_are_one_line(tmp_path, capsys, argv, message):
+    rc = main(["compare", *argv, "--out", str(tmp_path / "x"), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc in (1, 2) and len(err) == 1 and message in err[0], err
+
+
+def test_list(capsys):
+    assert main(["compare", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name in list(C.STREAMS) + list(C.LEARNERS):
+        assert name in out
