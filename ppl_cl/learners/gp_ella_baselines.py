@@ -45,6 +45,17 @@ def _hyp_state(hyps: list) -> dict[str, Any]:
             "noise_variance": np.asarray([h[2] for h in hyps])}
 
 
+def _point_estimate(values: dict[str, Any], note: str):
+    """InferenceData of point estimates: one chain, one draw in ``posterior`` (so that the
+    protocol's ``posterior`` group exists, as for the online-SGD baseline) and the same
+    arrays in ``constant_data``."""
+    from ppl_cl.inference_data import from_nested_dict
+
+    arrays = {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}
+    return from_nested_dict({"posterior": {k: v[None, None] for k, v in arrays.items()},
+                             "constant_data": arrays}, attrs={"note": note})
+
+
 def _gp_predict(theta, sf2, s2, X, y, xs, pad_multiple):
     import jax.numpy as jnp
 
@@ -112,12 +123,11 @@ class IndividualGPs(ConfigLearner):
                       float(h["noise_variance"][i])) for i in range(len(self._store))]
 
     def to_inference_data(self, *args: Any, **kwargs: Any):
-        """Per-task hyperparameter point estimates (type-II ML) as ``constant_data``."""
-        from ppl_cl.inference_data import from_nested_dict
-
+        """Per-task hyperparameter point estimates (type-II ML): one draw in ``posterior``,
+        and ``constant_data``."""
         if not len(self._store):
             raise NotFittedError("IndividualGPs.to_inference_data before any update()")
-        return from_nested_dict({"constant_data": _hyp_state(self._hyp)})
+        return _point_estimate(_hyp_state(self._hyp), "type-II ML point estimates, one draw")
 
 
 class _PooledGP(ConfigLearner):
@@ -163,12 +173,11 @@ class _PooledGP(ConfigLearner):
         self._fitted = None  # refit deterministically on the next predict
 
     def to_inference_data(self, *args: Any, **kwargs: Any):
-        """Fitted hyperparameters (point estimates) as ``constant_data``."""
-        from ppl_cl.inference_data import from_nested_dict
-
+        """Fitted hyperparameters (point estimates): one draw in ``posterior``, and
+        ``constant_data``."""
         self.fit()
-        return from_nested_dict({"constant_data": {k: np.asarray(v) for k, v in
-                                                   self._fitted.items() if k != "data"}})
+        return _point_estimate({k: v for k, v in self._fitted.items() if k != "data"},
+                               "type-II ML point estimates, one draw")
 
 
 class SharedGP(_PooledGP):
@@ -335,10 +344,9 @@ class LinearELLA(ConfigLearner):
         self._num_updates = int(state["num_updates"])
 
     def to_inference_data(self, *args: Any, **kwargs: Any):
-        """The basis and codes (point estimates) as ``constant_data``."""
-        from ppl_cl.inference_data import from_nested_dict
-
+        """The basis and codes (point estimates): one draw in ``posterior``, and
+        ``constant_data``."""
         if self._state is None:
             raise NotFittedError("LinearELLA.to_inference_data before any update()")
-        return from_nested_dict({"constant_data": {"L": self._state.L,
-                                                   "codes": self._state.codes}})
+        return _point_estimate({"L": self._state.L, "codes": self._state.codes},
+                               "ELLA point estimates, one draw")
