@@ -352,7 +352,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "kalman-mnist-stationary": {"n_train": 1000, "n_test": 500},
     "kalman-mnist-nonstationary": {"n_train": 1000, "n_test": 500},
     "uci-concrete": {"n_units": 4},
-    "uci-kin8nm": {"n_units": 4},
+    "uci-kin8nm": {"n_units": 2},
     "uci-skillcraft": {"n_units": 4},
     "schools": {"n_units": 8},
     "parkinsons": {"n_units": 8},
