@@ -597,6 +597,9 @@ def run_learner(name: str, stream: Stream, config: CompareConfig, seed: int = 0,
 
     Returns per-unit curves and the final metrics (fractions for accuracies, nats for
     log-losses)."""
+    from ppl_cl.metrics import nlpd, rmse
+    from ppl_cl.protocols import evaluate_tasks
+
     d = LEARNERS[name]
     learner = d.make(stream, config, seed, device)
     U = len(stream.units)
@@ -633,9 +636,7 @@ def run_learner(name: str, stream: Stream, config: CompareConfig, seed: int = 0,
                                     else float(-np.mean(np.concatenate(pre_logp))))
         if stream.kind == "classification":
             t0 = time.perf_counter()
-            for j in range(i + 1):
-                u = stream.units[j]
-                R[i, j] = learner.predict(np.asarray(u.test.x)).accuracy(np.asarray(u.test.y))
+            R[i] = evaluate_tasks(learner, stream.units, upto=i)[0]
             clock += time.perf_counter() - t0
         else:
             means, variances, ys = [], [], []
@@ -648,9 +649,8 @@ def run_learner(name: str, stream: Stream, config: CompareConfig, seed: int = 0,
                 ys.append(np.asarray(u.test.y, np.float64))
             clock += time.perf_counter() - t0
             mu, var, y = np.concatenate(means), np.concatenate(variances), np.concatenate(ys)
-            curves["rmse"].append(float(np.sqrt(np.mean((mu - y) ** 2))))
-            curves["nlpd"].append(float(np.mean(0.5 * np.log(2 * np.pi * var)
-                                                + 0.5 * (y - mu) ** 2 / var)))
+            curves["rmse"].append(rmse(y, mu))
+            curves["nlpd"].append(nlpd(y, mu, var))
             curves["m"].append(float(record["m"]) if isinstance(record, dict) and "m" in record
                                else float("nan"))
     logp = np.concatenate(pre_logp) if pre_logp else None
@@ -756,7 +756,7 @@ def _figure(stream: Stream, results: dict[str, dict], title: str):
 def compare_stream(stream_name: str, config: CompareConfig, ctx: RunContext) -> dict:
     """Every learner of ``config`` (or of the stream's kind) on ``stream_name``; writes
     ``report.md``, ``curves.json`` and ``compare.png`` into the run folder."""
-    import contextlib
+    import jax
 
     stream = build_stream(stream_name, config, ctx.seed, ctx.data_dir)
     names = list(config.learners) or [n for n, d in LEARNERS.items() if d.kind == stream.kind]
@@ -767,14 +767,9 @@ def compare_stream(stream_name: str, config: CompareConfig, ctx: RunContext) -> 
 
         raise ConfigError(f"learners: none of {names} can take the stream {stream_name!r}: "
                          + "; ".join(f"{n}: {w}" for n, w in not_app.items()))
-    try:
-        import jax
-        jax_ctx = jax.default_device(ctx.jax_device())
-    except ImportError:                                           # pragma: no cover
-        jax_ctx = contextlib.nullcontext()
     results: dict[str, dict] = {}
     summary: dict[str, Any] = {"units": len(stream.units)}
-    with jax_ctx:
+    with jax.default_device(ctx.jax_device()):
         for name in run:
             ctx.log(f"{name}: start")
             res = run_learner(name, stream, config, ctx.seed, ctx.device,
