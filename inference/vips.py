@@ -495,6 +495,7 @@ class VIPS(_Base):
     Args:
         delta: the fraction of the gap between ``L_max`` and the noise code left (paper's eta;
             0.05 in every experiment).
+        first_delta: ``delta`` of the first batch (the offline variant); ``None``: ``delta``.
         lmax_points: ``L_max`` uses ``b = [X; a]`` when ``N < lmax_points``, else
             ``lmax_points - M_a`` random rows of ``X`` (``VIPS.py``: 5000).
         jitter: online selection jitter (``VIPS.py``: 1e-6).
@@ -506,10 +507,13 @@ class VIPS(_Base):
 
     def __init__(self, delta: float = 0.05, lmax_points: int = 5000,
                  jitter: float = ONLINE_JITTER, first_jitter: float = FIRST_BATCH_SELECTION_JITTER,
-                 incremental: bool = True) -> None:
-        if not 0.0 <= delta <= 1.0:
-            raise ValueError(f"delta: expected a number in [0, 1], received {delta}")
+                 incremental: bool = True, first_delta: float | None = None) -> None:
+        for name, v in (("delta", delta), ("first_delta", delta if first_delta is None
+                                            else first_delta)):
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"{name}: expected a number in [0, 1], received {v}")
         self.delta, self.lmax_points = float(delta), int(lmax_points)
+        self.first_delta = self.delta if first_delta is None else float(first_delta)
         self.jitter, self.first_jitter = float(jitter), float(first_jitter)
         self.incremental = bool(incremental)
 
@@ -535,7 +539,8 @@ class VIPS(_Base):
         Z_max = X_max if first else jnp.concatenate([X_max, old.inducing_inputs])
         l_max = padded_elbo(params, X, y, Z_max, terms, jitter)[0]
         l_noise = float(noise_code(stats, y))
-        gamma = l_max - self.delta * abs(l_max - l_noise)
+        delta = self.first_delta if first else self.delta
+        gamma = l_max - delta * abs(l_max - l_noise)
         run = greedy_variance_selection if self.incremental else greedy_variance_from_scratch
         res = run(params, X, y, terms, gamma, jitter=jitter, min_new=1 if first else 0)
         new = X[jnp.asarray(res.indices)]

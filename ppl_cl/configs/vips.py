@@ -32,6 +32,9 @@ class OnlineSGPRConfig:
             Variance, Burt et al. 2020), ``"oips"`` (Galy-Fajou & Opper 2021) or ``"fixed"``
             (a fixed number of points, Bui et al. 2017).
         delta: VIPS' tolerance (the paper's eta, Sect. 4.3; 0.05 in every experiment).
+        first_delta: the tolerance of the first batch's (offline) selection; ``None``: ``delta``
+            (the paper). The authors' Fig. 2a script uses 0.04 there
+            (``experiments/toy/utils_regression.py``, ``init_Z``) and 0.05 after.
         lmax_points: L_max uses ``b = [X; a]`` below this batch size, else ``lmax_points - M_a``
             random rows of X (guiomarpescador/vips ``src/init_methods/VIPS.py``: 5000).
         cv_eta: Conditional Variance's residual-trace threshold (UCI configs
@@ -60,6 +63,7 @@ class OnlineSGPRConfig:
 
     policy: Literal["vips", "cv", "oips", "fixed"] = "vips"
     delta: float = 0.05
+    first_delta: float | None = None
     lmax_points: int = 5000
     cv_eta: float = 0.01
     cv_max_points: int = 8000
@@ -95,6 +99,12 @@ class OnlineSGPRConfig:
         if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) \
                 or not 0.0 <= self.delta <= 1.0:
             raise ValueError(f"delta: expected a number in [0, 1], received {self.delta!r}")
+        if self.first_delta is not None and (
+                isinstance(self.first_delta, bool)
+                or not isinstance(self.first_delta, (int, float))
+                or not 0.0 <= self.first_delta <= 1.0):
+            raise ValueError(f"first_delta: expected None or a number in [0, 1], received "
+                             f"{self.first_delta!r}")
         if isinstance(self.oips_rho, bool) or not isinstance(self.oips_rho, (int, float)) \
                 or not 0.0 < self.oips_rho < 1.0:
             raise ValueError(f"oips_rho: expected a number in (0, 1), received {self.oips_rho!r}")

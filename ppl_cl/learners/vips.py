@@ -37,7 +37,8 @@ def make_policy(config: OnlineSGPRConfig):
     from inference import vips
 
     if config.policy == "vips":
-        return vips.VIPS(delta=config.delta, lmax_points=config.lmax_points, jitter=config.jitter,
+        return vips.VIPS(delta=config.delta, first_delta=config.first_delta,
+                         lmax_points=config.lmax_points, jitter=config.jitter,
                          first_jitter=config.first_selection_jitter,
                          incremental=config.incremental)
     if config.policy == "cv":

@@ -139,6 +139,26 @@ def test_vips_stops_at_the_smallest_prefix_reaching_gamma():
     assert full.bounds[k] >= gamma and (k == 1 or full.bounds[k - 1] < gamma)
 
 
+def test_first_delta_sets_the_first_batch_threshold_only():
+    """``first_delta`` (the authors' Fig. 2a script: 0.04 offline, 0.05 online) replaces delta in
+    the first batch's gamma and nowhere else."""
+    X, y = _stream(8)
+    p = _params()
+    a, b = vips.VIPS(), vips.VIPS(first_delta=0.01)
+    sa = a.select(jax.random.PRNGKey(0), a.init(), X, y, None, p)
+    sb = b.select(jax.random.PRNGKey(0), b.init(), X, y, None, p)
+    gap = abs(sa.record["l_max"] - sa.record["l_noise"])
+    assert sa.record["threshold"] == pytest.approx(sa.record["l_max"] - 0.05 * gap)
+    assert sb.record["threshold"] == pytest.approx(sb.record["l_max"] - 0.01 * gap)
+    assert sb.record["added"] >= sa.record["added"]
+    old = _old(p, X, y, np.arange(0, 32, 4))
+    oa = a.select(jax.random.PRNGKey(1), sa.stats, X, y, old, p)
+    ob = b.select(jax.random.PRNGKey(1), sa.stats, X, y, old, p)
+    assert oa.record["threshold"] == ob.record["threshold"]
+    with pytest.raises(ValueError, match="first_delta"):
+        vips.VIPS(first_delta=1.5)
+
+
 def _dense_pivoted_cholesky(K, eta, cap):
     """Textbook partial pivoted Cholesky of K + 1e-6 I (MDPP.py's stopping rule)."""
     n = K.shape[0]

@@ -170,6 +170,8 @@ def test_config_validation_and_overrides():
         OnlineSGPRConfig(policy="nope")
     with pytest.raises(ValueError, match="delta"):
         OnlineSGPRConfig(delta=2.0)
+    with pytest.raises(ValueError, match="first_delta"):
+        OnlineSGPRConfig(first_delta=-0.1)
     with pytest.raises(TypeError, match="unknown"):
         OnlineSGPR(not_a_field=1)
     gp = OnlineSGPR(OnlineSGPRConfig(delta=0.1), policy="cv")
