@@ -204,15 +204,14 @@ def hessian_sqrt(H: np.ndarray) -> np.ndarray:
 
 
 def sparse_code(L: np.ndarray, theta: np.ndarray, H: np.ndarray, mu: float, *,
-                max_iter: int = 10000, tol: float = 1e-10,
-                H_sqrt: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
+                max_iter: int = 10000, H_sqrt: np.ndarray | None = None
+                ) -> tuple[np.ndarray, bool]:
     """``argmin_s |theta - L s|_H^2 + mu |s|_1`` (eq. 7/10) by scikit-learn's ``LassoLars``.
 
     ``LassoLars`` minimizes the Lasso objective ``1/(2 n) |y - X w|^2 + alpha |w|_1`` exactly
     (LARS homotopy, no tolerance: the answer does not depend on the conditioning of ``X``);
     with ``X = H^1/2 L`` (``n = d`` rows) and ``y = H^1/2 theta`` this is ``1/(2d)`` times
-    eq. 10 when ``alpha = mu / (2 d)``. ``max_iter`` caps the LARS steps; ``tol`` is unused
-    (kept for callers).
+    eq. 10 when ``alpha = mu / (2 d)``. ``max_iter`` caps the LARS steps.
     ``H_sqrt`` (:func:`hessian_sqrt` of ``H``) may be passed by a caller that codes the same
     task against several bases (the alternations of Algorithm 1).
 
@@ -221,7 +220,6 @@ def sparse_code(L: np.ndarray, theta: np.ndarray, H: np.ndarray, mu: float, *,
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LassoLars
 
-    del tol
     d, k = L.shape
     Hh = hessian_sqrt(H) if H_sqrt is None else H_sqrt
     Xd = Hh @ np.asarray(L, np.float64)
@@ -275,7 +273,7 @@ class ELLAInfo(NamedTuple):
         loss: eq. 9 (``g_hat``) at the new basis, from the running sums.
         inner_iterations: sparse-code / basis alternations.
         basis_change: ``|L_new - L_old|_F`` over the whole step (Proposition 1: O(1/T)).
-        lasso_converged: the last LASSO reached its tolerance.
+        lasso_converged: the last LASSO finished without a ConvergenceWarning.
         reinitialized: number of zero columns drawn again.
         new_task: the slot was new.
     """

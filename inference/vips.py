@@ -508,12 +508,12 @@ class VIPS(_Base):
     def __init__(self, delta: float = 0.05, lmax_points: int = 5000,
                  jitter: float = ONLINE_JITTER, first_jitter: float = FIRST_BATCH_SELECTION_JITTER,
                  incremental: bool = True, first_delta: float | None = None) -> None:
-        for name, v in (("delta", delta), ("first_delta", delta if first_delta is None
-                                            else first_delta)):
+        first_delta = delta if first_delta is None else first_delta
+        for name, v in (("delta", delta), ("first_delta", first_delta)):
             if not 0.0 <= v <= 1.0:
                 raise ValueError(f"{name}: expected a number in [0, 1], received {v}")
-        self.delta, self.lmax_points = float(delta), int(lmax_points)
-        self.first_delta = self.delta if first_delta is None else float(first_delta)
+        self.delta, self.first_delta = float(delta), float(first_delta)
+        self.lmax_points = int(lmax_points)
         self.jitter, self.first_jitter = float(jitter), float(first_jitter)
         self.incremental = bool(incremental)
 

@@ -96,15 +96,12 @@ class OnlineSGPRConfig:
         if self.fixed_method not in ("random", "greedy"):
             raise ValueError(f"fixed_method: expected 'random' or 'greedy', received "
                              f"{self.fixed_method!r}")
-        if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) \
-                or not 0.0 <= self.delta <= 1.0:
-            raise ValueError(f"delta: expected a number in [0, 1], received {self.delta!r}")
-        if self.first_delta is not None and (
-                isinstance(self.first_delta, bool)
-                or not isinstance(self.first_delta, (int, float))
-                or not 0.0 <= self.first_delta <= 1.0):
-            raise ValueError(f"first_delta: expected None or a number in [0, 1], received "
-                             f"{self.first_delta!r}")
+        for name in ("delta", "first_delta"):
+            v = getattr(self, name)
+            if name == "first_delta" and v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+                raise ValueError(f"{name}: expected a number in [0, 1], received {v!r}")
         if isinstance(self.oips_rho, bool) or not isinstance(self.oips_rho, (int, float)) \
                 or not 0.0 < self.oips_rho < 1.0:
             raise ValueError(f"oips_rho: expected a number in (0, 1), received {self.oips_rho!r}")

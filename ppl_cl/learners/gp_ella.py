@@ -193,17 +193,13 @@ class GPELLA(ConfigLearner):
         self._fits: list[dict[str, Any]] = []  # per slot: signal/noise variance, nll, ...
         self._num_updates = 0
         self._cache: dict[int, tuple[float, np.ndarray]] = {}
-        self._base_keys: dict[int, Any] = {}
 
     # -- helpers -------------------------------------------------------------------------
     def _key(self, purpose: int):
         import jax
 
-        base = self._base_keys.get(purpose)
-        if base is None:  # depends on the config only: one dispatch less per update
-            base = self._base_keys[purpose] = jax.random.fold_in(
-                jax.random.PRNGKey(self.config.seed), purpose)
-        return jax.random.fold_in(base, self._num_updates)
+        return jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(self.config.seed),
+                                                     purpose), self._num_updates)
 
     def _fit_options(self) -> dict[str, Any]:
         c = self.config
