@@ -32,8 +32,9 @@ Vectorization: every element runs the same program under masks. A Python ``while
 *rejection rounds* of the still-unaccepted elements only (each round is a handful of tensor
 operations on the pending elements; PSW show the acceptance rate exceeds 0.9992, so almost every
 element is done after one round); small pending sets draw several proposals per element in one
-round and keep the first accepted (the same sampler, fewer rounds). The only value read on the
-host is the size of the pending set that ends a loop. No element is ever copied to the host.
+round and keep the first accepted (the same sampler, fewer rounds). The values read on the host
+are the sizes of index sets (pending elements, branch subsets) and one maximum in the branch odds
+(whether ``erfcx`` is needed); no element is ever copied to the host.
 
 Integer ``b > 1``: a sum of ``b`` independent ``PG(1, z)`` draws (PSW Sect. 2, the PG family is
 closed under convolution in b).
@@ -98,6 +99,11 @@ def _series_log_rate(x: Tensor, t: float) -> Tensor:
 _LOG_CONST = TRUNCATION * math.pi ** 2 / 8.0 - 0.5 / TRUNCATION
 
 
+def _exp_rate(c: Tensor) -> Tensor:
+    """``K = pi^2 / 8 + c^2 / 2``, the rate of the truncated exponential proposal (PSW Sect. 4.2)."""
+    return (c * c).mul_(0.5).add_(_PI2_8)
+
+
 def _q_over_p(c: Tensor, t: float) -> Tensor:
     """``q / p``, the odds of the inverse-Gaussian branch against the truncated exponential
     (PSW Sect. 4.2): ``p = pi / (2K) exp(-K t)``, ``q = 2 exp(-c) Phi_IG(t | 1/c, 1)`` with
@@ -111,7 +117,7 @@ def _q_over_p(c: Tensor, t: float) -> Tensor:
     branch then has probability 0, as it has to within the uniform's resolution), never NaN.
     In-place arithmetic on fresh temporaries (this runs on every element of every call)."""
     rt = math.sqrt(t)
-    K = (c * c).mul_(0.5).add_(_PI2_8)
+    K = _exp_rate(c)
     first = (K * t).sub_(c).exp_().mul_(torch.special.ndtr((c * t).sub_(1.0).div_(rt)))
     w = (c * t).add_(1.0).div_(rt * math.sqrt(2.0))
     # erfcx(w) = exp(w^2) erfc(w); the product form is ~10x cheaper than torch's erfcx on CPU
@@ -194,10 +200,10 @@ def _ig_small_round(mu: Tensor, k: int, generator) -> tuple[Tensor, Tensor]:
     return X.reshape(k, n), (X <= TRUNCATION).reshape(k, n)
 
 
-def _truncated_inverse_gaussian(c: Tensor, t: float, generator) -> Tensor:
+def _truncated_inverse_gaussian(c: Tensor, generator) -> Tensor:
     """``IG(1/c, 1)`` truncated to ``(0, t]`` for every element of a 1-D ``c >= 0``."""
     out = torch.empty_like(c)
-    big_mu = c * t < 1.0                                       # mu = 1/c > t
+    big_mu = c * TRUNCATION < 1.0                                       # mu = 1/c > t
     i_big = torch.nonzero(big_mu).squeeze(-1)
     i_small = torch.nonzero(~big_mu).squeeze(-1)
     if i_big.numel():
@@ -215,12 +221,11 @@ def _pg1_round(c: Tensor, odds: Tensor, k: int, generator) -> tuple[Tensor, Tens
     n = c.numel()
     ck, ok_ = (c, odds) if k == 1 else (c.repeat(k), odds.repeat(k))
     u = _uniforms(3, k * n, c, generator)
-    K = (ck * ck).mul_(0.5).add_(_PI2_8)
-    X = _to_exponential(u[0]).div_(K).add_(t)
+    X = _to_exponential(u[0]).div_(_exp_rate(ck)).add_(t)
     # exponential branch with probability p / (p + q) = 1 / (1 + q/p)
     i_ig = torch.nonzero(u[1].mul_(ok_.add(1.0)) >= 1.0).squeeze(-1)
     if i_ig.numel():
-        X[i_ig] = _truncated_inverse_gaussian(ck[i_ig], t, generator)
+        X[i_ig] = _truncated_inverse_gaussian(ck[i_ig], generator)
     # alternating series in units of a_0(X): S_n = sum_{k<=n} (-1)^k (2k+1) r^{k(k+1)},
     # r = exp(-g(X)); accept when U <= S_n (n odd), reject when U > S_n (n even)
     r = _series_log_rate(X, t).neg_().exp_()
