@@ -67,6 +67,7 @@ from models.vargp_math import (HyperPosterior, Hyperparameters, InducingSet,
 
 __all__ = ["VARGPModel", "SoftmaxLikelihood", "GaussianLikelihood", "GUIDES",
            "init_inducing_set", "standard_hyper_prior", "initial_hyperparameters",
+           "median_distance",
            "predictive_probabilities", "f_marginals_of_state", "posterior_factors",
            "task_program", "InducingSet", "HyperPosterior", "PointHyperparameters",
            "Hyperparameters"]
@@ -169,17 +170,46 @@ def init_inducing_set(x: Tensor, num_classes: int, num_inducing: int, *,
 
 def initial_hyperparameters(width: int, *, point: bool, mean: float = math.log(0.5),
                             noise: float = 0.05, log_variance: float = -2.0,
+                            log_lengthscale: float | None = None,
                             generator: torch.Generator | None = None, dtype=torch.float32,
                             device=None) -> Hyperparameters:
     """Where ``q_t(theta)`` (or the point theta) starts at every task: each entry at ``mean +
     noise * N(0, 1)``, standard deviation ``exp(log_variance / 2)`` (uber-research/vargp
     ``var_gp/kernels.py``, ``RBFKernel.__init__``: log 0.5, 0.05, -2, built anew for every task
-    with ``q_{t-1}(theta)`` only as the prior). ``width`` = D + 1 (ARD) or 2."""
+    with ``q_{t-1}(theta)`` only as the prior). ``width`` = D + 1 (ARD) or 2.
+    ``log_lengthscale``: when given, the lengthscale entries (``theta[1:]``) start there
+    instead of at ``mean`` (a data-scaled start, :func:`median_distance`); the same noise
+    draw is added, so the two starts differ by a constant shift of the lengthscales."""
     loc = mean + noise * torch.randn(1, width, generator=generator, dtype=dtype)
+    if log_lengthscale is not None:
+        loc[:, 1:] += float(log_lengthscale) - mean
     loc = loc.to(device)
     if point:
         return PointHyperparameters(loc)
     return HyperPosterior(loc, torch.full_like(loc, math.exp(0.5 * log_variance)))
+
+
+def median_distance(x: Tensor, max_rows: int = 1000,
+                    generator: torch.Generator | None = None) -> float:
+    """The median Euclidean distance between distinct rows of ``x (N, D)`` (at most
+    ``max_rows`` of them, a seeded subset): the "median heuristic" lengthscale of an SE kernel
+    (Schoelkopf & Smola 2002; Garreau et al. 2017). With every ARD lengthscale there, a typical
+    pair of inputs is at squared scaled distance about 1 and the kernel neither vanishes off
+    the diagonal (lengthscales far below it: the start of the authors' code on raw MNIST
+    pixels, l = 0.5 against a median distance of about 10) nor is flat."""
+    if x.ndim != 2 or x.shape[0] < 2:
+        raise ValueError(f"median_distance: expected at least 2 rows (N, D), received shape "
+                         f"{tuple(x.shape)}")
+    n = x.shape[0]
+    if n > max_rows:
+        x = x[torch.randperm(n, generator=generator)[:max_rows].to(x.device)]
+    d = torch.cdist(x.to(torch.float64), x.to(torch.float64))
+    i, j = torch.triu_indices(d.shape[0], d.shape[0], offset=1)
+    med = float(d[i, j].median())
+    if not med > 0:
+        raise ValueError("median_distance: the rows are (mostly) identical; the median "
+                         "pairwise distance is 0")
+    return med
 
 
 # ---------------------------------------------------------------------------------------------
@@ -459,6 +489,7 @@ def task_program(x: Tensor, previous_sets: Sequence[InducingSet],
                  beta: float = 1.0, num_theta_samples: int = 3, num_f_samples: int = 10,
                  ard: bool = True, jitter: float = 1e-4, amplitude: str = "squared",
                  theta_init: tuple[float, float, float] = (math.log(0.5), 0.05, -2.0),
+                 log_lengthscale_init: float | None = None,
                  inducing_mean_std: float = 0.5,
                  inducing_scale: float = math.log1p(math.e),
                  inducing_generator: torch.Generator | None = None,
@@ -481,6 +512,9 @@ def task_program(x: Tensor, previous_sets: Sequence[InducingSet],
         previous_sets: inducing sets of tasks ``1..t-1`` (the one set of the global guide).
         previous_hyper: their hyperparameters (None at the first task).
         point_hyperparameters: the "MLE Hypers" ablation (theta a point).
+        log_lengthscale_init: None (the code's start, every entry at ``theta_init[0]``) or the
+            log-lengthscale where the lengthscale entries start instead (a data-scaled start:
+            ``log median_distance(x_1)``, see :func:`median_distance`).
         inducing_generator, theta_generator: CPU generators (explicit seeds) of ``Z_t, m_t``
             and of theta's start.
     """
@@ -489,7 +523,9 @@ def task_program(x: Tensor, previous_sets: Sequence[InducingSet],
     width = x.shape[1] + 1 if ard else 2
     mean, noise, log_variance = theta_init
     hyper = initial_hyperparameters(width, point=point_hyperparameters, mean=mean, noise=noise,
-                                    log_variance=log_variance, generator=theta_generator,
+                                    log_variance=log_variance,
+                                    log_lengthscale=log_lengthscale_init,
+                                    generator=theta_generator,
                                     dtype=x.dtype, device=x.device)
     if guide == "global" and past:
         Z_old = past[0].inducing_inputs

@@ -384,6 +384,7 @@ def _vargp(s: Stream, c: CompareConfig, seed: int, device: str):
 
     extra = {"inducing_per_task": c.vargp_inducing} if c.vargp_inducing else {}
     return VARGP(num_classes=s.num_classes, max_epochs=c.vargp_max_epochs, stopping="none",
+                 theta_start="median_distance",
                  seed=seed, device=device, progress=False, **extra)
 
 

@@ -15,6 +15,7 @@ Ablations of Sect. 5.3 / App. B.1 are options: ``guide="block_diagonal"``, ``gui
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -25,8 +26,8 @@ from inference.loop import (LoopConfig, NoImprovement, Plateau, run_loop, state_
 from inference.svi import SVI
 from inference.yogi import YogiConfig
 from models.vargp import (MAX_PLATE_NESTING, HyperPosterior, Hyperparameters, InducingSet,
-                          PointHyperparameters, posterior_factors, predictive_probabilities,
-                          task_program)
+                          PointHyperparameters, median_distance, posterior_factors,
+                          predictive_probabilities, task_program)
 from models.vargp_math import (concat_inducing_inputs, f_marginals, kernel_theta, mc_softmax,
                                task_slices)
 from ppl_cl.batch import Batch, as_numpy
@@ -80,6 +81,9 @@ class VARGP(Learner):
         self.hyper: Hyperparameters | None = None
         self.num_updates = 0
         self.history: list[dict[str, Any]] = []
+        #: the median pairwise distance of the first task's inputs (``theta_start=
+        #: "median_distance"``; None before the first update or with the code's start)
+        self.start_lengthscale: float | None = None
 
     # -- helpers -------------------------------------------------------------------------------
     def _seed(self, purpose: int, index: int = 0) -> int:
@@ -92,9 +96,20 @@ class VARGP(Learner):
             num_theta_samples=c.num_predict_samples, num_f_samples=c.num_predict_f_samples,
             generator=torch.Generator().manual_seed(seed))
 
-    def program(self, x: torch.Tensor):
+    def _start_lengthscale(self, x: torch.Tensor) -> float | None:
+        """Where the lengthscales start (``config.theta_start``): None for the code's start;
+        else the stored median distance, computed from ``x`` (a seeded subset of at most 1000
+        rows) at the first update."""
+        if self.config.theta_start == "code":
+            return None
+        if self.start_lengthscale is not None:
+            return self.start_lengthscale
+        return median_distance(x, generator=torch.Generator().manual_seed(self._seed(6)))
+
+    def program(self, x: torch.Tensor, start_lengthscale: float | None = None):
         """The Pyro program (``model``/``guide``) of the next task on inputs ``x``, from the
-        current state (:func:`models.vargp.task_program`)."""
+        current state (:func:`models.vargp.task_program`); ``start_lengthscale``: where the
+        lengthscales start (None: the code's start)."""
         c = self.config
         t = self.num_updates + 1
         return task_program(
@@ -103,6 +118,8 @@ class VARGP(Learner):
             point_hyperparameters=c.hyperparameters == "point", beta=c.beta,
             num_theta_samples=c.num_theta_samples, num_f_samples=c.num_f_samples, ard=c.ard,
             jitter=self.jitter, amplitude=c.amplitude,
+            log_lengthscale_init=None if start_lengthscale is None
+            else math.log(start_lengthscale),
             inducing_generator=torch.Generator().manual_seed(self._seed(2, t)),
             theta_generator=torch.Generator().manual_seed(self._seed(5, t)))
 
@@ -151,7 +168,8 @@ class VARGP(Learner):
                              f"this update trains task {t}")
         x, y = batch.torch(self.device, self.dtype)
         N = int(x.shape[0])
-        program = self.program(x)
+        start = self._start_lengthscale(x)
+        program = self.program(x, start)
         engine = SVI(program.model, program.guide, YogiConfig(learning_rate=c.learning_rate),
                      model_kwargs={"num_data": N}, max_plate_nesting=MAX_PLATE_NESTING,
                      device=self.device)
@@ -188,6 +206,7 @@ class VARGP(Learner):
         self.hyper = hyper
         self.input_dim = batch.input_dim
         self.num_updates = t
+        self.start_lengthscale = start
         record = {"task": t, "num_data": N, "epochs": result.epochs,
                   "steps": result.steps, "best_epoch": result.kept_epoch,
                   "best_validation": result.kept_validation,
@@ -197,6 +216,7 @@ class VARGP(Learner):
                   "epoch_losses": list(result.epoch_losses),
                   "validation": [v for _, v in result.validation]}
         record.update(_theta_summary(hyper, c.amplitude))
+        record.update(theta_start=c.theta_start, start_lengthscale=start)
         self.history.append(record)
         return record
 
@@ -225,7 +245,8 @@ class VARGP(Learner):
         return {"input_dim": self.input_dim, "num_updates": self.num_updates,
                 "tasks": [{"inducing_inputs": s.inducing_inputs, "mean": s.mean,
                            "scale_tril": s.scale_tril} for s in self.tasks],
-                "hyper": hyper, "history": self.history}
+                "hyper": hyper, "history": self.history,
+                "start_lengthscale": self.start_lengthscale}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         def conv(t):
@@ -252,6 +273,8 @@ class VARGP(Learner):
         self.input_dim = None if state["input_dim"] is None else int(state["input_dim"])
         self.num_updates = int(state["num_updates"])
         self.history = list(state.get("history", []))
+        start = state.get("start_lengthscale")
+        self.start_lengthscale = None if start is None else float(start)
 
     # -- ArviZ ---------------------------------------------------------------------------------
     @torch.no_grad()
