@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import statistics
 import sys
 import time
@@ -43,8 +41,12 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from ppl_cl.provenance import (code_version, machine_info, relative_to_repo,  # noqa: E402
+                                write_json)
 K, D, B, M_PER_TASK, N_TASK = 10, 784, 512, 60, 10_000
 VALIDATE_ARGS = "first"   # SVI(validate_args=...) of the timed engines (--validate-args)
+OVERHEAD = False          # --overhead: tiny sizes (no FLOP count)
 
 
 def _sync(device: torch.device) -> None:
@@ -75,24 +77,35 @@ def _data(device: torch.device, dtype: torch.dtype, n: int) -> tuple[torch.Tenso
     return x, y, source
 
 
-def machine_info() -> dict:
-    """What a benchmark JSON records about the machine it ran on."""
-    return {"platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-            "cpu_count": os.cpu_count(), "load_average": list(os.getloadavg()),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+def flops_per_step(num_tasks: int, m_per_task: int = M_PER_TASK, S: int = 3) -> dict:
+    """Floating-point operations of one ELBO step at task t (multiply-add = 2), counted from
+    the shapes of the dominant products (lower-order terms, the softmax and the KL left out):
+
+    * ``K_xZ`` (``models.vargp_math.cross_covariance``): ``2 S K B M D`` forward; backward the
+      product for the lengthscales (``2 S K B M D``) and for the current task's inputs
+      (``2 S K B M_t D``);
+    * ``K_ZZ`` (``models.vargp_math.prior_cholesky``): ``2 S K M^2 D`` forward and one product
+      backward (``_SymmetricGram``); its Cholesky ``S K M^3 / 3`` forward, about ``S K M^3``
+      backward;
+    * ``W = L^-1 K_Zx`` (``f_marginals``): ``S K M^2 B`` forward, ``3 S K M^2 B`` backward
+      (the solve with ``L^T`` and the product for ``L``)."""
+    M, Mt = num_tasks * m_per_task, m_per_task
+    cross = 2 * S * K * B * M * D * 2 + 2 * S * K * B * Mt * D
+    gram = 2 * S * K * M * M * D * 2 + S * K * M ** 3 * (1 / 3 + 1)
+    solve = S * K * M * M * B * 4
+    return {"cross_covariance": cross, "gram_and_cholesky": gram, "triangular_solve": solve,
+            "total": cross + gram + solve}
 
 
-def write_json(path, obj) -> None:
-    """Write a benchmark's JSON atomically (parent folders created) and say where."""
-    sys.path.insert(0, str(REPO))
-    from ppl_cl.persist import atomic_write_text
+def matmul_rate(device: torch.device, dtype: torch.dtype) -> float:
+    """FLOP/s of one large matrix product (the rate a step's products can reach here)."""
+    a = torch.rand(S_PROBE * B, D, device=device, dtype=dtype)
+    b = torch.rand(D, 3000, device=device, dtype=dtype)
+    seconds = _time_steps(lambda: a @ b, device, 5)
+    return 2 * a.shape[0] * D * b.shape[1] / seconds
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(obj, indent=2))
-    print(f"wrote {path}")
+
+S_PROBE = 3
 
 
 def _time_steps(step, device, steps: int, warmup: int = 2) -> float:
@@ -193,11 +206,48 @@ def time_pyro_svgp(x, y, device, steps: int, num_inducing: int) -> float:
         return _time_steps(step, device, steps)
 
 
-def run(device_name: str, steps: int, tasks: list[int], epoch_tasks: list[int]) -> dict:
+def experiment_epoch(device_name: str, epochs: int) -> dict | None:
+    """Seconds per epoch of task 1 of ``vargp-split-mnist`` as the experiment trains it (its
+    stream, the learner's ``update`` with the validation images of the classes seen, one
+    validation in ``epochs`` epochs, at the paper's settings), beside the cost of its training
+    steps alone (the median ELBO step of :func:`time_vargp` times the steps of an epoch).
+    None without MNIST."""
+    import dataclasses
+
+    from ppl_cl.data.root import MissingDataError
+    from ppl_cl.experiments.vargp import SplitMNISTConfig, seen_validation, split_mnist_stream
+    from ppl_cl.learners.vargp import VARGP
+
+    cfg = SplitMNISTConfig()
+    try:
+        tasks, valids = split_mnist_stream(cfg, 0)
+    except MissingDataError:
+        return None
+    learner = VARGP(dataclasses.replace(cfg.learner, max_epochs=epochs, validate_every=epochs,
+                                        device=device_name, progress=False))
+    t0 = time.perf_counter()
+    record = learner.update(tasks[0].train, validation=seen_validation(valids)[0])
+    wall = time.perf_counter() - t0
+    device = torch.device(device_name)
+    x = torch.as_tensor(tasks[0].train.x, dtype=torch.float32, device=device)
+    y = torch.as_tensor(tasks[0].train.y, dtype=torch.int64, device=device)
+    step = time_vargp(x, y, device, 5, num_tasks=1, m_per_task=M_PER_TASK, num_theta_samples=3,
+                      num_f_samples=10, per_class_inputs=True)
+    steps_per_epoch = math.ceil(len(tasks[0].train) / B)
+    return {"epochs": epochs, "num_data": len(tasks[0].train), "wall_s": wall,
+            "seconds_per_epoch": wall / epochs, "steps_per_epoch": steps_per_epoch,
+            "steps_alone_per_epoch_s": step * steps_per_epoch,
+            "ratio_to_steps_alone": wall / epochs / (step * steps_per_epoch), "target": 1.2,
+            "loop_step_time_per_epoch_s": record["seconds_per_epoch"]}
+
+
+def run(device_name: str, steps: int, tasks: list[int], epoch_tasks: list[int],
+        experiment_epochs: int = 0) -> dict:
     device = torch.device(device_name)
     dtype = torch.float32
     x, y, source = _data(device, dtype, 12_000)
-    out: dict = {"device": device_name, "data": source, "per_task": {}}
+    out: dict = {"device": device_name, "data": source, "per_task": {},
+                 "matmul_flops_per_s": matmul_rate(device, dtype)}
     paper = dict(num_theta_samples=3, num_f_samples=10, per_class_inputs=True)
     matched = dict(num_theta_samples=1, num_f_samples=1, per_class_inputs=False)
     for t in tasks:
@@ -214,10 +264,17 @@ def run(device_name: str, steps: int, tasks: list[int], epoch_tasks: list[int]) 
         row["ratio_matched_vs_pyro_svgp"] = row["vargp_matched_step_s"] / row["pyro_svgp_step_s"]
         row["ratio_paper_settings_vs_pyro_svgp"] = row["vargp_step_s"] / row["pyro_svgp_step_s"]
         row["steps_per_epoch"] = math.ceil(N_TASK / B)
+        if not OVERHEAD:
+            flops = flops_per_step(t)
+            row["flops_per_step"] = flops
+            row["flops_per_s"] = flops["total"] / row["vargp_step_s"]
+            row["fraction_of_matmul_rate"] = row["flops_per_s"] / out["matmul_flops_per_s"]
         if t in epoch_tasks:
             row["vargp_epoch_s"] = epoch_vargp(x, y, num_tasks=t, m_per_task=M_PER_TASK, **paper)
         print(json.dumps({device_name: row}), flush=True)
         out["per_task"][str(t)] = row
+    if experiment_epochs and source == "mnist":
+        out["experiment_task1"] = experiment_epoch(device_name, experiment_epochs)
     last = out["per_task"][str(tasks[-1])]
     out["ratios"] = {"ar_vs_own_svgp": last["ratio_ar_vs_own_svgp"],
                      "matched_vs_pyro_svgp": last["ratio_matched_vs_pyro_svgp"],
@@ -237,12 +294,16 @@ def main(argv=None) -> int:
                     help="tiny sizes (D 8, B 16, M 4 per task, 200 rows): the step is then all "
                          "Python and dispatch, as it is on a GPU, where kernels are short; a CPU "
                          "proxy for the launch-bound regime (no epoch timing)")
+    ap.add_argument("--experiment-epochs", type=int, default=10,
+                    help="epochs of the experiment's own task-1 training to time against its "
+                         "steps alone (0: skip)")
     ap.add_argument("--validate-args", choices=("first", "always"), default="first",
                     help="Pyro's distribution checks: on the first step only (the engine's "
                          "default) or on every step, for both VAR-GP and Pyro's SVGP")
     args = ap.parse_args(argv)
-    global VALIDATE_ARGS, D, B, M_PER_TASK, N_TASK
+    global VALIDATE_ARGS, D, B, M_PER_TASK, N_TASK, OVERHEAD
     VALIDATE_ARGS = args.validate_args
+    OVERHEAD = bool(args.overhead)
     if args.overhead:
         D, B, M_PER_TASK, N_TASK = 8, 16, 4, 200
     devices = args.device or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
@@ -257,9 +318,11 @@ def main(argv=None) -> int:
                     "per_class_inducing_inputs": False}, "dtype": "float32", "steps": steps,
         "validate_args": VALIDATE_ARGS, "overhead_proxy": bool(args.overhead)},
         "machine": machine_info(), "runs": {}}
+    results["code"] = code_version()
     for dev in devices:
-        results["runs"][dev] = run(dev, steps, tasks, epoch_tasks)
-    write_json(args.out, results)
+        results["runs"][dev] = run(dev, steps, tasks, epoch_tasks,
+                                   0 if args.quick or args.overhead else args.experiment_epochs)
+    print(f"wrote {relative_to_repo(write_json(args.out, results))}")
     return 0
 
 

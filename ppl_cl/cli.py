@@ -175,15 +175,36 @@ def _cmd_compare(args) -> int:
 
 def _cmd_report(args) -> int:
     from ppl_cl.experiments.reproduce import collect
+    from ppl_cl.results import save_entry
 
+    if args.label is not None and args.save is None:
+        raise ConfigError("--label: only with --save")
     try:
         notes = None if args.notes is None else Path(args.notes).read_text()
         collect(args.run_dirs, args.out, notes=notes)
+        if args.save is not None:
+            entry_label = args.label
+            if entry_label is None:
+                quick = {json.loads(Path(d, "metrics.json").read_text())["quick"]
+                         for d in args.run_dirs}
+                entry_label = "quick" if quick == {True} else "default"
+            save_entry(args.save, entry_label, args.run_dirs)
     except (FileNotFoundError, ValueError) as err:
         raise ConfigError(str(err)) from err
     with open(f"{args.out}/report.md") as fh:
         print(fh.read())
+    if args.save is not None:
+        print(f"wrote entry {entry_label!r} of {args.save}", file=sys.stderr)
     return 0
+
+
+def _cmd_tables(args) -> int:
+    from ppl_cl.tables import write_tables
+
+    changed = write_tables(check=args.check)
+    for path in changed:
+        print(f"{'differs' if args.check else 'wrote'}: {path}")
+    return 1 if args.check and changed else 0
 
 
 def _cmd_sweep(args) -> int:
@@ -274,6 +295,17 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--out", default="runs/report")
     rr.add_argument("--notes", metavar="FILE", default=None,
                     help="text file (markdown) added under '## Notes' and as the JSON's notes")
+    rr.add_argument("--save", metavar="FILE", default=None,
+                    help="also write the runs (one experiment, size and set of overrides) as "
+                         "entry --label of results/<experiment>.json, which README.md and "
+                         "docs/ quote (`ppl-cl tables` writes their tables from it)")
+    rr.add_argument("--label", default=None,
+                    help="the entry's name in the --save file (default: 'quick' or 'default')")
+
+    tb = sub.add_parser("tables", parents=[common],
+                        help="write the number tables of README.md and docs/*.md from results/")
+    tb.add_argument("--check", action="store_true",
+                    help="write nothing; exit 1 when a committed table differs")
 
     cp = sub.add_parser("compare", parents=[common],
                         help="one stream through several learners: one table, one figure")
@@ -350,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     passes it on to its live runs first. The previous handler is restored on return."""
     args = build_parser().parse_args(argv)
     handlers = {"list": _cmd_list, "run": _cmd_run, "reproduce": _cmd_reproduce,
-                "report": _cmd_report, "compare": _cmd_compare, "sweep": _cmd_sweep, "data": _cmd_data}
+                "report": _cmd_report, "tables": _cmd_tables, "compare": _cmd_compare, "sweep": _cmd_sweep, "data": _cmd_data}
     running = args.cmd in ("run", "reproduce", "compare")
     catch = (running or args.cmd == "sweep") and \
         threading.current_thread() is threading.main_thread()

@@ -12,7 +12,8 @@ together with
 :func:`run_experiment` builds the config (quick, then ``--set key=value`` overrides parsed by
 field type), seeds everything, and writes into the run folder
 
-* ``config.json`` — experiment, seed, device, quick flag, the config, library versions;
+* ``config.json`` — experiment, seed, device, quick flag, the config, library versions, the
+  code version (git commit, dirty flag) and the machine (:mod:`ppl_cl.provenance`);
 * ``metrics.json`` — what ``run`` returned, which must hold a flat ``summary`` dict of
   numbers/strings (the headline numbers), plus ``figures`` and ``wall_time_s``;
 * figures saved through ``ctx.savefig`` as PNG, and whatever else the experiment writes;
@@ -42,6 +43,7 @@ from ppl_cl.configs import apply_overrides
 from ppl_cl.errors import ConfigError, DeviceError, Terminated
 from ppl_cl.persist import CheckpointError, atomic_write_text, load_tree, save_tree
 from ppl_cl.progress import progress, progress_enabled
+from ppl_cl.provenance import code_version, machine_info
 from ppl_cl.seeding import seed_everything
 
 __all__ = ["PaperNumber", "Claim", "ExperimentSpec", "check_device", "RunContext", "register", "build_config",
@@ -409,6 +411,7 @@ def run_spec(spec: ExperimentSpec, *, quick: bool = False, seed: int = 0, device
     atomic_write_text(out_dir / "config.json", json.dumps(_jsonable({
         "experiment": name, "seed": seed, "device": device, "quick": quick,
         "config": config, "overrides": overrides or {}, "versions": _versions(),
+        "code": code_version(), "machine": machine_info(),
     }), indent=2))
     seed_everything(seed)
     t0 = time.perf_counter()

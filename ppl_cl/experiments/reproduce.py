@@ -45,6 +45,9 @@ def _fmt(v) -> str:
     if isinstance(v, float):
         return _digits(v, 4)
     if isinstance(v, dict) and "mean" in v:
+        if isinstance(v["mean"], list):
+            return "[" + ", ".join(_fmt(float(m)) for m in v["mean"]) + "]" + (
+                f" (mean, n = {v['n']})" if v["n"] > 1 else "")
         if v["n"] < 2:
             return _fmt(v["mean"])
         return f"{_digits(v['mean'], 4)} ± {_digits(v['std'], 2)} (n = {v['n']})"
@@ -55,17 +58,28 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    return mean, (math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0)
+
+
 def aggregate_summaries(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per key: ``{"mean", "std", "n", "values"}`` over the runs for numbers (std with
-    ddof = 1, 0 for one run), the common value otherwise (the first run's when they differ)."""
+    ddof = 1, 0 for one run); for lists of numbers of one length (a curve per task), the same
+    element by element (``mean`` and ``std`` lists); the common value otherwise (the first
+    run's when they differ)."""
     out: dict[str, Any] = {}
     for key in dict.fromkeys(k for s in summaries for k in s):
         values = [s[key] for s in summaries if key in s]
         if values and all(_is_number(v) for v in values):
-            n = len(values)
-            mean = sum(values) / n
-            std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-            out[key] = {"mean": mean, "std": std, "n": n, "values": values}
+            mean, std = _mean_std(values)
+            out[key] = {"mean": mean, "std": std, "n": len(values), "values": values}
+        elif values and all(isinstance(v, list) and v and all(_is_number(x) for x in v)
+                            for v in values) and len({len(v) for v in values}) == 1:
+            stats = [_mean_std(col) for col in zip(*values)]
+            out[key] = {"mean": [m for m, _ in stats], "std": [s for _, s in stats],
+                        "n": len(values), "values": values}
         else:
             out[key] = values[0]
     return out

@@ -433,6 +433,8 @@ def _stream_experiment(config: StreamConfig, ctx: RunContext, tasks, valids, tit
     summary: dict[str, Any] = {}
     for row in rows:
         summary[_summary_key(row)] = results[row]["final_avg_accuracy"]
+        summary[_summary_key(row, "average_accuracy")] = [
+            float(a) for a in results[row]["average_accuracy"]]
         if results[row]["final_avg_validation_accuracy"] is not None:
             summary[_summary_key(row, "final_avg_validation_accuracy")] = \
                 results[row]["final_avg_validation_accuracy"]
