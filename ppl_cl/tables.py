@@ -133,7 +133,40 @@ class Bench:
         return format_value(node, self.decimals, self.scale)
 
 
-Cell = str | Val | PaperVal | Seeds | Bench
+@dataclass(frozen=True)
+class PM:
+    """``value ± error`` from two summary keys (e.g. a mean over seeds a run computed itself
+    and its standard error); ``—`` when the entry or the value is missing."""
+
+    experiment: str
+    entry: str
+    key: str
+    error_key: str
+    decimals: int = 2
+
+    def render(self, results: Results) -> str:
+        e = results.get(self.experiment, {}).get(self.entry)
+        if e is None or self.key not in e["summary"]:
+            return "—"
+        text = format_value(e["summary"][self.key], self.decimals, spread=False)
+        err = e["summary"].get(self.error_key)
+        if err is not None and text != "—":
+            text += " ± " + format_value(err, self.decimals, spread=False)
+        return text
+
+
+@dataclass(frozen=True)
+class Join:
+    """Several cells in one, joined by ``sep`` (``ours / quick / paper``)."""
+
+    parts: tuple
+    sep: str = " / "
+
+    def render(self, results: Results) -> str:
+        return self.sep.join(p if isinstance(p, str) else p.render(results) for p in self.parts)
+
+
+Cell = str | Val | PaperVal | Seeds | Bench | PM | Join
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Cell]], results: Results) -> str:
@@ -226,7 +259,267 @@ def vargp_speed(results: Results) -> str:
                   "VAR-GP s / epoch"], rows, results)
 
 
+_GPTREE_METHODS = (("gptree", "GP-Tree"), ("sbm", "SBM-GP"), ("lsm", "LSM"), ("ove", "OVE"),
+                   ("gptree_rnd", "GP-Tree Rnd."))
+
+
+def readme_gptree(results: Results) -> str:
+    """``gptree-classes``: accuracy (%) ± SEM over seeds per method and number of classes,
+    the full setting / the quick preset / the paper (letter)."""
+    exp = "gptree-classes"
+    rows = []
+    for m, label in _GPTREE_METHODS:
+        rows.append([label] + [Join((PM(exp, "default", f"acc_{m}_{C}", f"sem_{m}_{C}"),
+                                     Val(exp, "quick", f"acc_{m}_{C}", spread=False),
+                                     PaperVal(exp, f"acc_{m}_{C}"))) for C in (4, 10, 20)])
+    return table(["method", "4 classes: ours / quick / paper", "10 classes", "20 classes"],
+                 rows, results)
+
+
+_VIPS_DATASETS = ("concrete", "skillcraft", "kin8nm", "elevators", "bike")
+
+
+def vips_fig2a(results: Results) -> str:
+    """``vips-speed-accuracy`` (Fig. 2a): VIPS's M and RMSE after each batch, ours (full) /
+    ours (quick) / the paper (read off the figure)."""
+    fig = "vips-speed-accuracy"
+    rows = [[name] + [Join((Val(fig, "default", f"{q}_vips_batch{i}", dec, spread=False),
+                            Val(fig, "quick", f"{q}_vips_batch{i}", dec, spread=False),
+                            PaperVal(fig, f"{q}_vips_batch{i}"))) for i in range(1, 5)]
+            for q, name, dec in (("m", "M", 0), ("rmse", "RMSE", 2))]
+    return table(["Fig. 2a: ours / quick / paper", *(f"batch {i}" for i in range(1, 5))], rows,
+                 results)
+
+
+def readme_vips(results: Results) -> str:
+    """``vips-table1``: VIPS's final M, RMSE and NLPD per dataset (mean ± std over folds):
+    ours (full) / ours (quick) / paper."""
+    t1 = "vips-table1"
+    rows = [[d] + [Join((PM(t1, "default", f"{d}_{k}_vips", f"{d}_{k}_vips_std", dec),
+                         Val(t1, "quick", f"{d}_{k}_vips", dec, spread=False),
+                         PaperVal(t1, f"{d}_{k}_vips")))
+                   for k, dec in (("m", 0), ("rmse", 3), ("nlpd", 3))] for d in _VIPS_DATASETS]
+    return table(["Table 1, VIPS", "M: ours / quick / paper", "RMSE", "NLPD"], rows, results)
+
+
+_GPELLA_SETS = (("gpella-synthetic", "default", "synthetic"),
+                ("gpella-robot-arm", "default", "robot arm"),
+                ("gpella-schools", "default", "schools"),
+                ("gpella-parkinsons", "default", "Parkinson's motor"),
+                ("gpella-parkinsons", "total", "Parkinson's total"))
+_GPELLA_METHODS = (("gp_ella", "GP-ELLA"), ("individual", "individual GPs"), ("ella", "ELLA"),
+                   ("shared", "shared GP"), ("mtgp", "MTGP (rank 1)"))
+
+
+def readme_gpella(results: Results) -> str:
+    """``gpella-*`` at the paper's protocol: rMSE ± s.e. over runs per method and dataset."""
+    rows = [[label] + [PM(exp, entry, f"rmse_{m}", f"rmse_{m}_se", 3)
+                       for exp, entry, _ in _GPELLA_SETS] for m, label in _GPELLA_METHODS]
+    rows.append(["time ratio GP-ELLA / individual (paper)"] + [
+        Join((Val(exp, entry, "time_ratio_vs_individual", spread=False), " (",
+              PaperVal(exp, "time_ratio_vs_individual" + ("" if entry == "default"
+                                                          else f"_{entry}")), ")"), "")
+        for exp, entry, _ in _GPELLA_SETS])
+    return table(["rMSE", *(name for _, _, name in _GPELLA_SETS)], rows, results)
+
+
+def readme_kalman_exact(results: Results) -> str:
+    """``kalman-timeseries``: accumulated average log predictive, learned against fixed gamma;
+    ``exact-gp-uci`` (concrete): RMSE / NLPD, quick and full, beside VIPS Table 1's exact GP."""
+    ts, ex = "kalman-timeseries", "exact-gp-uci"
+    rows = [["Kalman OCL, time series: avg. log predictive, learned / fixed gamma = 1",
+             Join((Val(ts, "default", "avg_log_pred_learned", 3, spread=False),
+                   Val(ts, "default", "avg_log_pred_fixed", 3, spread=False))),
+             "learned above fixed (Fig. 1, no number)"],
+            ["exact GP, concrete split 0: RMSE / NLPD (full)",
+             Join((Val(ex, "default", "rmse", 3, spread=False),
+                   Val(ex, "default", "nlpd", 3, spread=False))),
+             Join((PaperVal(ex, "rmse"), "—"))]]
+    return table(["quantity", "ours", "paper"], rows, results)
+
+
+def claims(results: Results) -> str:
+    """Every registered claim checked on every committed entry (``holds`` / ``does not hold``
+    / ``not measured`` when an entry lacks a key of the claim)."""
+    verdict = {True: "holds", False: "does not hold", None: "not measured"}
+    rows = []
+    for exp in sorted(results):
+        for label, e in sorted(results[exp].items()):
+            for c in e.get("claims", []):
+                rows.append([f"`{exp}` ({label})", c["text"], verdict[c["holds"]]])
+    if not rows:
+        rows = [["—", "no committed result carries a claim", "—"]]
+    return table(["experiment (entry)", "claim", "here"], rows, results)
+
+
+def readme_losses(results: Results) -> str:
+    """One row per committed entry with a claim that does not hold."""
+    rows = []
+    for exp in sorted(results):
+        for label, e in sorted(results[exp].items()):
+            lost = [c["text"] for c in e.get("claims", []) if c["holds"] is False]
+            if lost:
+                rows.append([f"`{exp}` ({label})", "; ".join(lost)])
+    if not rows:
+        rows = [["—", "every checked claim holds"]]
+    return table(["experiment (entry)", "claims that do not hold here"], rows, results)
+
+
+def _summary(results: Results, experiment: str, entry: str) -> dict[str, Any] | None:
+    """An entry's summary with every aggregate replaced by its mean (None if absent)."""
+    e = results.get(experiment, {}).get(entry)
+    if e is None:
+        return None
+    return {k: (v["mean"] if isinstance(v, dict) and "mean" in v else v)
+            for k, v in e["summary"].items()}
+
+
+_KALMAN_ROWS = (("fixed random features", "linear"), ("fine-tuned", "finetune"),
+                ("fine-tuned + replay", "replay"))
+_KALMAN_GAMMAS = (("1", "gamma1"), ("0.999", "fixed"), ("learned", "learned"))
+
+
+def _kalman_cell(s: dict | None, stream: str, row: str) -> str:
+    if s is None or f"online_acc_{stream}_{row}" not in s:
+        return "—"
+    return f"{s[f'online_acc_{stream}_{row}']:.3f} / {s[f'cum_logloss_{stream}_{row}']:.0f}"
+
+
+def _kalman_steps(s: dict | None, stream: str, row: str) -> str:
+    """The searched step sizes of a row (beta only where fine-tuned, rho where learned)."""
+    if s is None:
+        return "—"
+    keys = [("learning_rate", "eta")]
+    if not row.endswith("linear") and not row.startswith("sgd"):
+        keys.append(("backbone_scale", "beta"))
+    if row.startswith("learned"):
+        keys.append(("forgetting_learning_rate", "rho"))
+    got = [f"{name} {s[f'{k}_{stream}_{row}']:g}" for k, name in keys
+           if f"{k}_{stream}_{row}" in s]
+    return ", ".join(got) or "—"
+
+
+def _kalman_online(results: Results, entry: str, experiment: str = "kalman-online-mnist"
+                   ) -> str:
+    """Table 1's rows on the two MNIST streams: average online accuracy / cumulative log-loss
+    and the step sizes the held-out search chose."""
+    s = _summary(results, experiment, entry)
+    n = {st: (None if s is None else s.get(f"n_points_{st}"))
+         for st in ("stationary", "nonstationary")}
+
+    def pts(st: str) -> str:
+        return "—" if n[st] is None else f"{int(n[st])} points"
+
+    rows = []
+    for label, regime in _KALMAN_ROWS:
+        for i, (g, variant) in enumerate(_KALMAN_GAMMAS):
+            row = f"{variant}_{regime}"
+            rows.append([label if i == 0 else "", g,
+                         _kalman_cell(s, "stationary", row), _kalman_steps(s, "stationary", row),
+                         _kalman_cell(s, "nonstationary", row),
+                         _kalman_steps(s, "nonstationary", row)])
+    for label, row in (("online SGD", "sgd"), ("online SGD + replay", "sgd_replay")):
+        rows.append([label, "—", _kalman_cell(s, "stationary", row),
+                     _kalman_steps(s, "stationary", row), _kalman_cell(s, "nonstationary", row),
+                     _kalman_steps(s, "nonstationary", row)])
+    return table(["representation", "gamma", f"stationary ({pts('stationary')})",
+                  "chosen steps", f"non-stationary ({pts('nonstationary')})", "chosen steps"],
+                 rows, results)
+
+
+def kalman_online(results: Results) -> str:
+    return _kalman_online(results, "default")
+
+
+def kalman_online_quick(results: Results) -> str:
+    return _kalman_online(results, "quick")
+
+
+def kalman_calibration(results: Results) -> str:
+    """App. E: alpha learned against alpha = 1, per stream (full / quick entries)."""
+    rows = []
+    for entry in ("default", "quick"):
+        s = _summary(results, "kalman-calibration", entry)
+        for st in ("stationary", "nonstationary"):
+            if s is None or f"online_acc_{st}_calibrated" not in s:
+                rows.append([entry, st, "—", "—", "—"])
+                continue
+            rows.append([entry, st, f"{_kalman_cell(s, st, 'calibrated')} "
+                         f"({s[f'final_alpha_{st}_calibrated']:.2f})",
+                         _kalman_cell(s, st, "uncalibrated"), f"{s[f'logloss_gain_{st}']:.0f}"])
+    return table(["entry", "stream", "alpha learned: accuracy / log-loss (final alpha)",
+                  "alpha = 1", "log-loss gain"], rows, results)
+
+
+def kalman_chunk_size(results: Results) -> str:
+    """App. F: average online accuracy per chunk size b (full / quick entries)."""
+    rows, sizes = [], set()
+    entries = {e: _summary(results, "kalman-chunk-size", e) for e in ("default", "quick")}
+    for s in entries.values():
+        if s is not None:
+            sizes |= {int(k.rsplit("_b", 1)[1]) for k in s if k.startswith("online_acc_")}
+    sizes = sorted(sizes) or [5, 10, 20, 50, 100]
+    for entry, s in entries.items():
+        for st in ("stationary", "nonstationary"):
+            for reg, label in (("linear", "fixed"), ("finetune", "fine-tuned")):
+                cells = [None if s is None else s.get(f"online_acc_{st}_{reg}_b{b}")
+                         for b in sizes]
+                if s is not None and all(c is None for c in cells):
+                    continue
+                rows.append([entry, st, label] + ["—" if c is None else f"{c:.3f}"
+                                                  for c in cells])
+    return table(["entry", "stream", "backbone", *(f"b = {b}" for b in sizes)], rows, results)
+
+
+def kalman_timeseries(results: Results) -> str:
+    """App. C / Fig. 1: accumulated average log predictive at the end of the series."""
+    exp = "kalman-timeseries"
+    rows = [["accumulated average log predictive",
+             Val(exp, "default", "avg_log_pred_learned", 3, spread=False),
+             Val(exp, "default", "avg_log_pred_fixed", 3, spread=False)],
+            ["minimum of the learned gamma",
+             Val(exp, "default", "min_gamma_learned", 3, spread=False), "—"],
+            ["points", Val(exp, "default", "n_points", 0, spread=False), ""]]
+    return table(["", "learned gamma", "fixed gamma = 1"], rows, results)
+
+
+def _bench(name: str) -> dict | None:
+    import json
+
+    f = BENCH_DIR / f"{name}.json"
+    return json.loads(f.read_text()) if f.exists() else None
+
+
+def kalman_speed(results: Results) -> str:
+    """``benchmarks/kalman.py``: points per second per task, state size m and method."""
+    data = _bench("kalman")
+    if data is None:
+        return table(["task", "m", "method", "points / s"], [["—", "—", "—", "—"]], results)
+    methods = list(dict.fromkeys(r["method"] for r in data["rows"]))
+    keys = list(dict.fromkeys((r["task"], r["m"]) for r in data["rows"]))
+    by = {(r["task"], r["m"], r["method"]): r for r in data["rows"]}
+    rows = []
+    for task, m in keys:
+        rows.append([task, str(m)] + [
+            f"{by[(task, m, meth)]['points_per_s']:,.0f}" if (task, m, meth) in by else "—"
+            for meth in methods])
+    return table(["task", "m", *methods], rows, results)
+
+
 TABLES: dict[str, Callable[[Results], str]] = {
+    "kalman-speed": kalman_speed,
+    "kalman-online": kalman_online,
+    "kalman-online-quick": kalman_online_quick,
+    "kalman-calibration": kalman_calibration,
+    "kalman-chunk-size": kalman_chunk_size,
+    "kalman-timeseries": kalman_timeseries,
+    "readme-losses": readme_losses,
+    "readme-gptree": readme_gptree,
+    "readme-vips": readme_vips,
+    "vips-fig2a": vips_fig2a,
+    "readme-gpella": readme_gpella,
+    "readme-kalman-exact": readme_kalman_exact,
+    "claims": claims,
     "vargp-table1": vargp_table1,
     "vargp-tasks": vargp_tasks,
     "vargp-small": vargp_small,
