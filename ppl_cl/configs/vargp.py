@@ -7,7 +7,7 @@ from typing import Literal
 
 from ppl_cl.configs import check_choices, check_ints, check_positive
 
-__all__ = ["VARGPConfig", "ROWS"]
+__all__ = ["VARGPConfig", "ROWS", "SMALL_BUDGET"]
 
 #: Table 1's rows as (guide, hyperparameters) of the same learner, built as the authors' code
 #: builds them (uber-research/vargp ``experiments/vargp.py``, ``experiments/mnist_global.py``)
@@ -17,6 +17,15 @@ ROWS: dict[str, tuple[str, str]] = {
     "mle_hypers": ("autoregressive", "point"),
     "global": ("global", "variational"),
 }
+
+
+#: the settings that let VAR-GP learn at a small budget (hundreds of images per task, tens of
+#: epochs), where the paper's protocol needs hundreds of epochs on the full task before its
+#: lengthscales have grown: the data-scaled start of q(theta), a larger step, more and smaller
+#: minibatches and the untempered KL of theta. Not the paper's protocol: the quick presets,
+#: ``vargp-split-digits`` and the ``ppl-cl compare`` streams use them (docs/vargp.md).
+SMALL_BUDGET: dict = {"theta_start": "median_distance", "learning_rate": 3e-2, "beta": 1.0,
+                      "batch_size": 32}
 
 
 @dataclass(frozen=True)

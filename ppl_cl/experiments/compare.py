@@ -65,8 +65,10 @@ class CompareConfig:
         n_test: test points per unit (per class for the class-split streams); 0: default.
         n_units: units kept (tasks, sessions, batches); 0: all of the stream's.
         chunk_size: points per chunk of the chunk learners (Kalman OCL Sect. 4.2: 10).
-        vargp_max_epochs: VAR-GP's epochs per task (the learner's other settings are its
-            defaults, the authors' protocol; no validation set, so no early stopping).
+        vargp_max_epochs: VAR-GP's epochs per task (no validation set, so no early
+            stopping), with the small-budget settings of
+            :data:`ppl_cl.configs.vargp.SMALL_BUDGET` (the streams are hundreds of points per
+            task, far from the paper's protocol); its other settings are the learner's.
         vargp_inducing: VAR-GP's inducing points per class and task (0: the learner's 60);
             its cost grows with K x M x tasks (26 letters: 1560 points per task at 60).
         gibbs_steps, gibbs_chains: GP-Tree's Gibbs sweeps and parallel chains per node.
@@ -380,11 +382,12 @@ class LearnerDef(NamedTuple):
 
 
 def _vargp(s: Stream, c: CompareConfig, seed: int, device: str):
+    from ppl_cl.configs.vargp import SMALL_BUDGET
     from ppl_cl.learners.vargp import VARGP
 
     extra = {"inducing_per_task": c.vargp_inducing} if c.vargp_inducing else {}
     return VARGP(num_classes=s.num_classes, max_epochs=c.vargp_max_epochs, stopping="none",
-                 theta_start="median_distance",
+                 **SMALL_BUDGET,
                  seed=seed, device=device, progress=False, **extra)
 
 

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ppl_cl.configs.vargp import ROWS, VARGPConfig
+from ppl_cl.configs.vargp import ROWS, SMALL_BUDGET, VARGPConfig
 from ppl_cl.experiments.base import Claim, PaperNumber, RunContext, register
 
 __all__ = ["ToyConfig", "StreamConfig", "SplitMNISTConfig", "PermutedMNISTConfig",
@@ -125,13 +125,12 @@ class PermutedMNISTConfig(StreamConfig):
 @dataclass(frozen=True)
 class SplitDigitsConfig(StreamConfig):
     """The Split-MNIST protocol on scikit-learn's 8x8 digits (1797 images; not a paper
-    experiment): smaller sets, M = 20, lr 1e-2, beta 1, batch 128, at most 100 epochs,
-    validation every 5 epochs, patience 10 checks, the data-scaled start of q(theta)
-    (``theta_start="median_distance"``)."""
+    experiment): smaller sets, M = 20, at most 100 epochs, validation every 5 epochs, patience
+    10 checks, and the small-budget settings (:data:`ppl_cl.configs.vargp.SMALL_BUDGET`: the
+    data-scaled start of q(theta), lr 3e-2, beta 1, batch 32)."""
 
     learner: VARGPConfig = field(default_factory=lambda: VARGPConfig(
-        inducing_per_task=20, learning_rate=1e-2, beta=1.0, batch_size=128, max_epochs=100,
-        validate_every=5, patience=10, theta_start="median_distance"))
+        inducing_per_task=20, max_epochs=100, validate_every=5, patience=10, **SMALL_BUDGET))
     n_test: int = 540
     n_valid: int = 180
 
@@ -464,16 +463,16 @@ def _mnist(data_dir: str | None):
     return xtr, ytr, xte, yte
 
 
-#: the quick presets are not the paper's protocol: they start q(theta) at the data's scale
-#: (``VARGPConfig.theta_start``), so that a few epochs learn
-_SMALL_LEARNER = {"learner.theta_start": "median_distance", "learner.num_f_samples": 5,
-                  "learner.num_predict_samples": 5,
+#: the quick presets are not the paper's protocol: they train with the small-budget settings
+#: (:data:`ppl_cl.configs.vargp.SMALL_BUDGET`: the data-scaled start of q(theta), lr 3e-2,
+#: beta 1, batch 32), so that a few epochs learn
+_SMALL_LEARNER = {**{f"learner.{k}": v for k, v in SMALL_BUDGET.items()},
+                  "learner.num_f_samples": 5, "learner.num_predict_samples": 5,
                   "learner.num_predict_f_samples": 10, "learner.validate_every": 5,
                   "learner.patience": 3}
 _SPLIT_QUICK = {"learner.inducing_per_task": 8, "train_per_task": 200, "test_per_task": 100,
-                "n_valid": 300, "learner.batch_size": 100, "learner.max_epochs": 30,
-                "learner.learning_rate": 3e-2, "learner.beta": 1.0,
-                "learner.num_theta_samples": 1, "posterior_draws": 20, **_SMALL_LEARNER}
+                "n_valid": 300, "learner.max_epochs": 30, "learner.num_theta_samples": 1,
+                "posterior_draws": 20, **_SMALL_LEARNER}
 
 
 def split_mnist_stream(config: SplitMNISTConfig, seed: int, data_dir: str | None = None):
@@ -505,10 +504,9 @@ def split_mnist(config: SplitMNISTConfig, ctx: RunContext) -> dict:
 
 
 _PERMUTED_QUICK = {"n_tasks": 3, "learner.inducing_per_task": 10, "train_per_task": 300,
-                   "test_per_task": 150, "n_valid": 200, "learner.batch_size": 100,
-                   "learner.max_epochs": 20, "learner.learning_rate": 3e-2,
-                   "learner.beta": 1.0, "learner.num_theta_samples": 1, "ablations": (),
-                   "posterior_draws": 20, **_SMALL_LEARNER}
+                   "test_per_task": 150, "n_valid": 200, "learner.max_epochs": 20,
+                   "learner.num_theta_samples": 1, "ablations": (), "posterior_draws": 20,
+                   **_SMALL_LEARNER}
 
 
 def permuted_mnist_stream(config: PermutedMNISTConfig, seed: int, data_dir: str | None = None):
