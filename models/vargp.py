@@ -512,9 +512,11 @@ def task_program(x: Tensor, previous_sets: Sequence[InducingSet],
         previous_sets: inducing sets of tasks ``1..t-1`` (the one set of the global guide).
         previous_hyper: their hyperparameters (None at the first task).
         point_hyperparameters: the "MLE Hypers" ablation (theta a point).
-        log_lengthscale_init: None (the code's start, every entry at ``theta_init[0]``) or the
-            log-lengthscale where the lengthscale entries start instead (a data-scaled start:
-            ``log median_distance(x_1)``, see :func:`median_distance`).
+        log_lengthscale_init: None (the code's start, every entry at ``theta_init[0]``, and
+            the prior ``N(0, I)`` at the first task) or the log-lengthscale where the
+            lengthscale entries start instead, and where the first task's prior centres them
+            (a data-scaled start and prior: ``log median_distance(x_1)``, see
+            :func:`median_distance`; later tasks' prior is ``q_{t-1}(theta)`` either way).
         inducing_generator, theta_generator: CPU generators (explicit seeds) of ``Z_t, m_t``
             and of theta's start.
     """
@@ -542,9 +544,18 @@ def task_program(x: Tensor, previous_sets: Sequence[InducingSet],
     else:
         init = init_inducing_set(x, K, M, generator=inducing_generator,
                                  mean_std=inducing_mean_std, scale=inducing_scale)
-    return VARGPModel(num_classes=K, past=past, init=init,
-                      hyper_prior=previous_hyper if isinstance(previous_hyper, HyperPosterior)
-                      else None,
+    hyper_prior = previous_hyper if isinstance(previous_hyper, HyperPosterior) else None
+    if hyper_prior is None and log_lengthscale_init is not None:
+        # the first task's prior N(0, I) centred at the data-scaled start for the lengthscales
+        # (log l ~ N(log l_0, 1)): N(0, 1) on log l is a prior at l = 1 whatever the inputs'
+        # scale, and at small N its KL pulls the lengthscales there (on raw pixels: a nearly
+        # diagonal kernel)
+        hyper_prior = standard_hyper_prior(1, width - 1, x.dtype, x.device)
+        hyper_prior = HyperPosterior(
+            torch.cat([hyper_prior.loc[..., :1],
+                       torch.full_like(hyper_prior.loc[..., 1:], float(log_lengthscale_init))],
+                      dim=-1), hyper_prior.scale)
+    return VARGPModel(num_classes=K, past=past, init=init, hyper_prior=hyper_prior,
                       hyper_init=hyper, guide=guide,
                       likelihood=SoftmaxLikelihood(num_f_samples), beta=beta,
                       num_theta_samples=num_theta_samples, jitter=jitter, amplitude=amplitude)

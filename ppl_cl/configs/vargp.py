@@ -73,11 +73,15 @@ class VARGPConfig:
             ``"code"`` — at 0.5 (log 0.5 + 0.05 N(0, 1), the authors' code; the paper
             experiments), which on raw pixels makes the kernel nearly diagonal, so that the
             model stays at chance until the lengthscales have grown (hundreds of epochs on
-            MNIST); ``"median_distance"`` — at the median pairwise distance of the first
-            task's inputs (:func:`models.vargp.median_distance`, the median heuristic; the
-            same noise draw), fixed at the first update and kept in the state, so every task
-            starts from the same data-scaled value. The quick presets, ``vargp-split-digits``
-            and every ``ppl-cl compare`` stream use it.
+            MNIST), with the first task's prior N(0, I); ``"median_distance"`` — at the median
+            pairwise distance of the first task's inputs (:func:`models.vargp.median_distance`,
+            the median heuristic; the same noise draw), fixed at the first update and kept in
+            the state, so every task starts from the same data-scaled value, and the first
+            task's prior centres the log-lengthscales there too (N(0, 1) on log l is a prior
+            at l = 1 whatever the inputs' scale; at a few hundred images its KL pulls the
+            lengthscales there and the kernel collapses). The quick presets,
+            ``vargp-split-digits`` and every ``ppl-cl compare`` stream use it
+            (:data:`SMALL_BUDGET`).
         seed: seeds the inducing inputs, theta's start, the minibatches and every Monte Carlo
             draw.
         device: torch device; dtype: ``"float32"`` or ``"float64"``.

@@ -471,7 +471,7 @@ _SMALL_LEARNER = {**{f"learner.{k}": v for k, v in SMALL_BUDGET.items()},
                   "learner.num_predict_f_samples": 10, "learner.validate_every": 5,
                   "learner.patience": 3}
 _SPLIT_QUICK = {"learner.inducing_per_task": 8, "train_per_task": 200, "test_per_task": 100,
-                "n_valid": 300, "learner.max_epochs": 30, "learner.num_theta_samples": 1,
+                "n_valid": 300, "learner.max_epochs": 15, "learner.num_theta_samples": 1,
                 "posterior_draws": 20, **_SMALL_LEARNER}
 
 
@@ -504,7 +504,7 @@ def split_mnist(config: SplitMNISTConfig, ctx: RunContext) -> dict:
 
 
 _PERMUTED_QUICK = {"n_tasks": 3, "learner.inducing_per_task": 10, "train_per_task": 300,
-                   "test_per_task": 150, "n_valid": 200, "learner.max_epochs": 20,
+                   "test_per_task": 150, "n_valid": 200, "learner.max_epochs": 10,
                    "learner.num_theta_samples": 1, "ablations": (), "posterior_draws": 20,
                    **_SMALL_LEARNER}
 
@@ -543,7 +543,7 @@ def permuted_mnist(config: PermutedMNISTConfig, ctx: RunContext) -> dict:
     return _stream_experiment(config, ctx, tasks, valids, "Permuted MNIST", 28, None)
 
 
-_DIGITS_QUICK = {"learner.inducing_per_task": 8, "learner.max_epochs": 20,
+_DIGITS_QUICK = {"learner.inducing_per_task": 8, "learner.max_epochs": 10,
                  "learner.num_theta_samples": 2, "posterior_draws": 20, **_SMALL_LEARNER}
 
 
