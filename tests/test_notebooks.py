@@ -1,4 +1,4 @@
-"""Every notebook executes end to end in smoke mode (STYLE 12: examples run), and the run is
+"""Every notebook executes end to end in smoke mode (examples run), and the run is
 checked, not only its absence of exceptions: every code cell ran, at least one figure came out,
 and no output shows a traceback or a path of the machine that ran it. The committed notebooks
 (executed with the outputs of a full run) are held to the same checks."""
@@ -110,3 +110,39 @@ def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch):
     NotebookClient(nb, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
     assert notebook_problems(nb) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_outputs_come_from_todays_sources(path):
+    """The stored outputs were made by the code the notebook exercises today (the digest of
+    those sources, stored at execution by ``python -m ppl_cl.notebooks run``)."""
+    from ppl_cl.notebooks import is_current
+
+    ok, why = is_current(path)
+    assert ok, why
+
+
+def test_the_sources_digest_sees_a_change(tmp_path):
+    """A notebook's exercised files follow its imports at any depth, and editing one of them
+    changes the digest."""
+    import shutil
+
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from ppl_cl.notebooks import exercised_files, sources_digest
+    from ppl_cl.provenance import REPO_ROOT
+
+    for pkg in ("ppl_cl", "models", "inference"):
+        shutil.copytree(REPO_ROOT / pkg, tmp_path / pkg,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    nb = new_notebook(cells=[new_code_cell("%matplotlib inline\nfrom ppl_cl.learners.vargp "
+                                           "import VARGP")])
+    files = exercised_files(nb, root=tmp_path)
+    names = {f.relative_to(tmp_path).as_posix() for f in files}
+    # the learner, its model (imported by the learner) and that model's algebra
+    assert {"ppl_cl/learners/vargp.py", "models/vargp.py", "models/vargp_math.py"} <= names
+    assert all(n.split("/")[0] in ("ppl_cl", "models", "inference") for n in names)
+    before = sources_digest(files, root=tmp_path)
+    target = tmp_path / "models" / "vargp_math.py"
+    target.write_text(target.read_text() + "\n# edited\n")
+    assert sources_digest(files, root=tmp_path) != before
