@@ -564,3 +564,36 @@ def test_block_diagonal_row_of_the_code_changes_only_the_kl_of_u_t():
     assert not torch.allclose(ar_g.nodes["u_2"]["fn"].loc, bd_g.nodes["u_2"]["fn"].loc)
     # the prior conditional p(u_2 | u_1) of the model is the same in both
     assert torch.equal(ar_m.nodes["u_2"]["fn"].loc, bd_m.nodes["u_2"]["fn"].loc)
+
+
+def test_median_distance_and_the_data_scaled_start_and_prior():
+    """``median_distance`` is the median over distinct pairs (against scipy's pdist); with
+    ``log_lengthscale_init`` the lengthscale entries of q(theta) start there with the code's
+    noise draw and the first task's prior centres them there; later tasks keep
+    q_{t-1}(theta) as their prior."""
+    import numpy as np
+    from scipy.spatial.distance import pdist
+
+    from models.vargp import median_distance, task_program
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(50, 6, generator=g, dtype=torch.float64) * 7.0
+    assert median_distance(x) == pytest.approx(float(np.median(pdist(x.numpy()))), rel=1e-12)
+    with pytest.raises(ValueError, match="2 rows"):
+        median_distance(x[:1])
+    with pytest.raises(ValueError, match="identical"):
+        median_distance(torch.ones(5, 3))
+    kw = dict(num_classes=3, num_inducing=4, num_theta_samples=1, num_f_samples=1)
+    code = task_program(x, [], None, theta_generator=torch.Generator().manual_seed(1), **kw)
+    scaled = task_program(x, [], None, log_lengthscale_init=2.0,
+                          theta_generator=torch.Generator().manual_seed(1), **kw)
+    a, b = code.hyper_init.loc, scaled.hyper_init.loc
+    assert torch.equal(a[..., 0], b[..., 0])
+    assert torch.allclose(b[..., 1:] - a[..., 1:], torch.full_like(a[..., 1:], 2.0 - math.log(0.5)))
+    assert torch.equal(code.hyper_prior.loc, torch.zeros_like(a))
+    assert float(scaled.hyper_prior.loc[..., 0]) == 0.0
+    assert torch.equal(scaled.hyper_prior.loc[..., 1:], torch.full_like(a[..., 1:], 2.0))
+    assert torch.equal(scaled.hyper_prior.scale, torch.ones_like(a))
+    later = task_program(x, [], HyperPosterior(b, torch.full_like(b, 0.3)),
+                         log_lengthscale_init=2.0, **kw)
+    assert torch.equal(later.hyper_prior.loc, b)

@@ -47,6 +47,22 @@ def test_experiments_are_registered_with_paper_numbers():
     assert (perm.inducing_per_task, perm.learning_rate, perm.beta) == (100, 3.7e-3, 1.64)
 
 
+def test_split_digits_learns_with_the_data_scaled_start(tmp_path):
+    """VAR-GP on the split digits at the quick preset (the data-scaled start of q(theta) and
+    the other small-budget settings) learns: measured on this code at seed 0, 98.2 % on task 1
+    after task 1 and 78.5 % final average accuracy over the five tasks (single head: chance
+    is 10 %, a learner that keeps only its last task 20 %). The bounds leave room for other
+    platforms' rounding, not for a learner at chance."""
+    metrics = run_experiment("vargp-split-digits", out=tmp_path, **QUICK,
+                             overrides={"ablations": "[]"})
+    R = np.asarray(metrics["variants"]["var_gp"]["accuracy_matrix"])
+    records = metrics["variants"]["var_gp"]["records"]
+    assert [r["theta_start"] for r in records] == ["median_distance"] * 5
+    assert len({r["start_lengthscale"] for r in records}) == 1     # fixed at the first task
+    assert 100 * R[0, 0] > 90
+    assert metrics["summary"]["final_avg_accuracy"] > 60
+
+
 def test_split_digits_quick_run_writes_its_outputs(tmp_path):
     metrics = run_experiment("vargp-split-digits", out=tmp_path, **QUICK,
                              overrides={"ablations": "[]", "learner.max_epochs": "6"})
@@ -263,14 +279,14 @@ def test_quick_toy_runs_and_keeps_the_first_task():
 
 @pytest.mark.slow
 @pytest.mark.data("mnist")
-@pytest.mark.xfail(strict=True, reason=(
-    "known gap (docs/vargp.md): from the authors' start, lengthscale 0.5 on raw pixels, the "
-    "kernel between distinct MNIST images is below e^-20 and the quick runs stay at chance "
-    "(about 10 %); strict, so that a fix shows here"))
 @pytest.mark.parametrize("name", ["vargp-split-mnist", "vargp-permuted-mnist"])
-def test_quick_mnist_experiments_run(name, tmp_path):
+def test_quick_mnist_experiments_learn(name, tmp_path):
+    """The quick presets (the small-budget settings, ``configs.vargp.SMALL_BUDGET``) learn:
+    measured on this code at seed 0, VAR-GP's final average accuracy is 67.8 % (Split) and
+    57.3 % (Permuted, 3 tasks); the bound 40 % is far above the 10-way chance of 10 % and the
+    20 % of a Split learner that keeps only its last task."""
     metrics = run_experiment(name, out=tmp_path, **QUICK)
     R = np.asarray(metrics["variants"]["var_gp"]["accuracy_matrix"])
     assert metrics["summary"]["final_avg_accuracy"] == pytest.approx(100 * R[-1].mean())
-    # well above a 10-way chance level of 10 %, at the quick sizes
     assert metrics["summary"]["final_avg_accuracy"] > 40
+    assert all(r["theta_start"] == "median_distance" for r in metrics["variants"]["var_gp"]["records"])
