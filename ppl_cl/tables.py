@@ -506,7 +506,47 @@ def kalman_speed(results: Results) -> str:
     return table(["task", "m", *methods], rows, results)
 
 
+def _compare_table(stream: str, entry: str) -> Callable[[Results], str]:
+    """``compare-<stream>``: one row per learner that ran, one column per metric of the
+    stream's kind (``ppl_cl.experiments.compare.METRICS``), mean ± std over seeds."""
+    def render(results: Results) -> str:
+        from ppl_cl.experiments.compare import LEARNERS, METRICS
+
+        def _key(metric: str, learner: str) -> str:      # compare's summary keys
+            return f"{metric}_{learner.replace('-', '_')}"
+
+        exp = f"compare-{stream}"
+        e = results.get(exp, {}).get(entry)
+        kind = "regression" if any(k.startswith("rmse_") for k in (e or {}).get("summary", {})) \
+            else "classification"
+        cols = METRICS[kind]
+        names = [n for n in LEARNERS if e is not None and any(
+            _key(m, n) in e["summary"] for m, _, _ in cols)]
+        rows = []
+        for n in names:
+            rows.append([f"{LEARNERS[n].label} (`{n}`)"] + [
+                Val(exp, entry, _key(m, n), _decimals(fmt)) for m, _, fmt in cols])
+        if not rows:
+            rows = [["—"] + ["—"] * len(cols)]
+        return table(["learner", *(title for _, title, _ in cols)], rows, results)
+
+    render.__doc__ = f"``compare-{stream}``, entry ``{entry}``: one row per learner."
+    return render
+
+
+def _decimals(fmt: str) -> int:
+    m = re.search(r"\.(\d)f", fmt)
+    return int(m.group(1)) if m else 2
+
+
+COMPARE_STREAMS = ("split-mnist", "split-digits", "permuted-mnist", "letter-sessions",
+                   "kalman-mnist-stationary", "kalman-mnist-nonstationary", "uci-concrete",
+                   "uci-kin8nm", "uci-skillcraft", "schools", "parkinsons",
+                   "synthetic-regression", "synthetic-multitask")
+
+
 TABLES: dict[str, Callable[[Results], str]] = {
+    **{f"compare-{s}-quick": _compare_table(s, "quick") for s in COMPARE_STREAMS},
     "kalman-speed": kalman_speed,
     "kalman-online": kalman_online,
     "kalman-online-quick": kalman_online_quick,
