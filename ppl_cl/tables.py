@@ -539,6 +539,77 @@ def _decimals(fmt: str) -> int:
     return int(m.group(1)) if m else 2
 
 
+def _gptree_classes(entry: str) -> Callable[[Results], str]:
+    def render(results: Results) -> str:
+        from ppl_cl.experiments.gp_tree import METHOD_LABELS
+
+        exp = "gptree-classes"
+        e = results.get(exp, {}).get(entry)
+        keys = [] if e is None else [k for k in e["summary"] if k.startswith("acc_")]
+        counts = sorted({int(k.rsplit("_", 1)[1]) for k in keys}) or [4, 10, 20]
+        methods = list(dict.fromkeys(k[4:].rsplit("_", 1)[0] for k in keys)) or ["gptree"]
+        labels = dict(METHOD_LABELS, **{f"gptree_chains{k}": f"GP-Tree, {k} chains"
+                                        for k in range(1, 64)})
+        rows = [[labels.get(m, m)] + [PM(exp, entry, f"acc_{m}_{C}", f"sem_{m}_{C}")
+                                      for C in counts] for m in methods]
+        return table(["method", *(f"{C} classes" for C in counts)], rows, results)
+
+    render.__doc__ = (f"``gptree-classes`` ({entry}): test accuracy (%) ± SEM over seeds per "
+                      "method and class count.")
+    return render
+
+
+def _gptree_fscil(entry: str) -> Callable[[Results], str]:
+    def render(results: Results) -> str:
+        from ppl_cl.experiments.gp_tree import FSCIL_LABELS as labels
+
+        exp = "gptree-fscil"
+        e = results.get(exp, {}).get(entry)
+        keys = [] if e is None else list(e["summary"])
+        tags = list(dict.fromkeys(k[4:-len("_final")] for k in keys
+                                  if k.startswith("acc_") and k.endswith("_final")))
+        sessions = sorted({int(k.rsplit("session", 1)[1]) for k in keys if "_session" in k})
+        rows = [[labels.get(t, t)] + [Val(exp, entry, f"acc_{t}_session{s}", spread=False)
+                                      for s in sessions]
+                + [PM(exp, entry, f"acc_{t}_final", f"sem_{t}_final"),
+                   Val(exp, entry, f"forgetting_{t}", spread=False)] for t in tags]
+        if not rows:
+            rows = [["—", "—", "—"]]
+        return table(["method", *(f"session {s}" for s in sessions), "last ± SEM",
+                      "forgetting"], rows, results)
+
+    render.__doc__ = f"``gptree-fscil`` ({entry}): accuracy (%) on all classes seen per session."
+    return render
+
+
+def gptree_dkl(results: Results) -> str:
+    """``gptree-dkl-mnist``: test accuracy (%) of GP-Tree with DKL and the softmax network on
+    the same backbone (full / quick), beside the paper's CIFAR-10 numbers."""
+    exp = "gptree-dkl-mnist"
+    rows = [[label, Val(exp, "default", key, spread=False), Val(exp, "quick", key, spread=False),
+             PaperVal(exp, key)] for key, label in (("acc_gptree", "GP-Tree (DKL)"),
+                                                    ("acc_softmax", "softmax network"))]
+    return table(["method", "ours, MNIST", "ours, --quick", "paper (CIFAR-10)"], rows, results)
+
+
+def gptree_speed(results: Results) -> str:
+    """``benchmarks/gp_tree.py``: PG draws per second against ``polyagamma`` and Gibbs sweeps
+    per second against the reference scheme (every number its JSON holds at the top level of
+    ``draws`` / ``sweeps``)."""
+    data = _bench("gp_tree")
+    rows = []
+    if data is not None:
+        for section in ("draws", "sweeps"):
+            for name, row in (data.get(section) or {}).items():
+                if isinstance(row, dict):
+                    cells = ", ".join(f"{k} {format_value(v, 3)}" for k, v in row.items()
+                                      if isinstance(v, (int, float)) and not isinstance(v, bool))
+                    rows.append([section, name, cells])
+    if not rows:
+        rows = [["—", "—", "—"]]
+    return table(["what", "case", "measured"], rows, results)
+
+
 COMPARE_STREAMS = ("split-mnist", "split-digits", "permuted-mnist", "letter-sessions",
                    "kalman-mnist-stationary", "kalman-mnist-nonstationary", "uci-concrete",
                    "uci-kin8nm", "uci-skillcraft", "schools", "parkinsons",
@@ -546,6 +617,11 @@ COMPARE_STREAMS = ("split-mnist", "split-digits", "permuted-mnist", "letter-sess
 
 
 TABLES: dict[str, Callable[[Results], str]] = {
+    "gptree-classes": _gptree_classes("default"),
+    "gptree-classes-quick": _gptree_classes("quick"),
+    "gptree-fscil": _gptree_fscil("default"),
+    "gptree-dkl": gptree_dkl,
+    "gptree-speed": gptree_speed,
     **{f"compare-{s}-quick": _compare_table(s, "quick") for s in COMPARE_STREAMS},
     "kalman-speed": kalman_speed,
     "kalman-online": kalman_online,

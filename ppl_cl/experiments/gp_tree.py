@@ -446,7 +446,7 @@ def fscil_figure(curves: dict[str, np.ndarray], forgetting: dict[str, np.ndarray
     return fig
 
 
-_FSCIL_LABELS = {"gptree": "GP-Tree", "session": "Session Tree", "rebuild": "Rebuild Tree",
+FSCIL_LABELS = {"gptree": "GP-Tree", "session": "Session Tree", "rebuild": "Rebuild Tree",
                  "ncm": "NCM (frozen backbone)"}
 
 
@@ -544,7 +544,7 @@ def run_gptree_fscil(config: GPTreeFSCILConfig, ctx: RunContext) -> dict:
         for s in range(v.shape[1]):
             summary[f"acc_{tag}_session{s + 1}"] = float(v.mean(0)[s])
         summary[f"forgetting_{tag}"] = float(np.nanmean(forget_np[k][:, -1]))
-    ctx.savefig(fscil_figure(curves_np, forget_np, _FSCIL_LABELS), "sessions")
+    ctx.savefig(fscil_figure(curves_np, forget_np, FSCIL_LABELS), "sessions")
     return {"summary": summary,
             "curves": {k: v.tolist() for k, v in curves_np.items()},
             "forgetting": {k: v.tolist() for k, v in forget_np.items()},
