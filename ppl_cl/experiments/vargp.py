@@ -563,7 +563,7 @@ def split_digits_stream(config: SplitDigitsConfig, seed: int, data_dir: str | No
     return tasks, _split_valid(xv, yv, groups)
 
 
-@register("vargp-split-digits", SplitDigitsConfig, quick=_DIGITS_QUICK,
+@register("vargp-split-digits", SplitDigitsConfig, quick=_DIGITS_QUICK, claims=(TABLE1_ORDER,),
           headline_keys=("final_avg_accuracy", "final_avg_accuracy_block_diag",
                          "final_avg_accuracy_global", "final_avg_accuracy_mle_hypers"),
           backends=("torch",), description="VAR-GP, Split-MNIST protocol on sklearn 8x8 digits (offline) + ablations")
