@@ -66,7 +66,10 @@ def main(argv=None) -> dict:
     p.add_argument("--k", type=int, default=6)
     p.add_argument("--max-tasks", type=int, default=0)
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "gp_ella.json"))
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: seconds, numbers meaningless")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.datasets, args.repeats, args.max_tasks, args.k = ["synthetic"], 1, 3, 2
 
     from ppl_cl.learners.gp_ella import GPELLA
     from ppl_cl.learners.gp_ella_baselines import IndividualGPs
@@ -120,8 +123,11 @@ def main(argv=None) -> dict:
                           "load_average_at_end": os.getloadavg()},
              "note": "best of `repeats` passes after one warm-up pass; ratios GP-ELLA / "
                      "individual GPs in the same process on the same tasks"}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    from ppl_cl.provenance import code_version, machine_info, write_json
+
+    result.update(machine={**result["machine"], **machine_info()}, code=code_version(),
+                  settings={k: v for k, v in vars(args).items() if k != "out"})
+    write_json(args.out, result)
     return result
 
 

@@ -63,7 +63,11 @@ def main(argv=None) -> dict:
                    help="a second node size (the root of 26 letter classes x 30 rows is 780)")
     p.add_argument("--sweeps", type=int, default=20)
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "gp_tree.json"))
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: seconds, numbers meaningless")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.draws, args.repeats, args.node_size, args.chains = 2000, 1, 20, 4
+        args.large_node_size, args.sweeps = 40, 5
 
     import torch
     from polyagamma import random_polyagamma as pg_ref
@@ -128,8 +132,11 @@ def main(argv=None) -> dict:
         result["gibbs_sweeps"].append(row)
         print(json.dumps(row))
     result["machine"]["load_average_end"] = os.getloadavg()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    from ppl_cl.provenance import code_version, machine_info, portable_path, write_json
+
+    result = {"benchmark": "gp_tree", **result, "machine": {**result["machine"], **machine_info()},
+              "code": code_version(), "settings": {**vars(args), "out": portable_path(args.out)}}
+    write_json(args.out, result)
     return result
 
 

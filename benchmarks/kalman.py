@@ -23,14 +23,36 @@ side can return it without storing every step, the final filtered mean and covar
 Classification (K classes sharing one covariance, eqs. 7-8) is timed for ours and NumPy; dynamax
 would need a state of dimension m K for it.
 
-Bandwidth: for the per-point recursions (scan, NumPy) the bytes moved per point are at least
-``(3 m^2 + 3 m K + m) * itemsize`` (A read twice and written once, M read twice and written once,
-phi read once); ``copy_bandwidth`` is measured by copying an array of the size of ``A`` and
-``M`` (so it lives in the same cache level as the working set), and
-``fraction_of_copy_bandwidth = points/s * bytes per point / copy bandwidth``. No such figure is
-given for the blocked recursion (it reads A twice per block, not per point).
+Bandwidth (per-point recursions only: scan and NumPy; the blocked recursion reads A twice per
+block, not per point, so no byte count is given for it). What the figures mean:
+
+* ``bytes_per_point = (3 m^2 + 3 m K + m) * itemsize``: the bytes one step must move between
+  the core and wherever A and M live (A read twice -- for ``k = A phi`` and for the rank-1
+  update, which needs k first -- and written once; M likewise; phi read once). A lower bound
+  on the traffic of a per-point recursion, not a measurement of it.
+* ``achieved_bytes_per_s = points_per_s * bytes_per_point``: the least traffic the measured
+  speed implies.
+* ``peak_copy_bandwidth``: a *measured peak copy bandwidth* of main memory: the fastest of
+  ``--peak-repeats`` (30) ``np.copyto`` calls between two float32 arrays of max(256 MiB, 4x the
+  last-level cache), counting the bytes read and written (STREAM's convention, no
+  write-allocate traffic), measured before and after the timings; the larger of the two is
+  the peak. On a loaded machine the best of many repeats is the least disturbed copy; it can
+  still be low (then a ratio can exceed 1, see below).
+* ``achieved_over_peak_copy_bandwidth``: the ratio of the two, always recorded;
+  ``fraction_of_peak_copy_bandwidth`` is that ratio only when it is a fraction of a limit:
+  the working set (A and M, ``(m^2 + m K) * itemsize``) is larger than every cache (read from
+  sysfs, ``machine.caches_bytes``) and the ratio is at most 1; else it is null and
+  ``bandwidth_note`` says why: a working set that fits in a cache is served from it (the
+  byte count then bounds traffic to that cache, not to memory, and a ratio above 100 % says
+  just that), and a ratio above 1 with a working set beyond the caches means the peak
+  measurement itself was slowed by other jobs.
+
+``--smoke``: tiny sizes (m = 16, K in {1, 3}, short streams, one repeat, a short peak
+measurement), seconds; it checks the script runs and writes its JSON, its numbers mean
+nothing.
 
     python benchmarks/kalman.py [--sizes 64 256 1024] [--classes 10] [--seconds 1.0]
+        [--smoke] [--out PATH]
 """
 
 from __future__ import annotations
@@ -39,7 +61,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import warnings
@@ -47,6 +68,11 @@ from pathlib import Path
 
 import numpy as np
 from _timing import best_of
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from ppl_cl.provenance import (code_version, machine_info, relative_to_repo,  # noqa: E402
+                               write_json)
 
 GAMMA, SEED = 0.999, 0
 
@@ -66,19 +92,61 @@ def stream(m: int, K: int, n: int, dtype: str):
     return X, Y, 1.0 / m, (1.0 if K == 1 else 1.0 / K)
 
 
-def copy_bandwidth(n_bytes: int, repeats: int = 5) -> float:
-    """Bytes read + written per second copying an array of ``n_bytes`` (repeated enough to
-    take about 20 ms, so a small array is timed in the cache it fits)."""
-    a = np.ones(max(1, n_bytes // 4), dtype=np.float32)
+def cache_sizes() -> dict[str, int]:
+    """Sizes in bytes of the data and unified caches of CPU 0 (``{"L1d": ..., "L2": ...,
+    "L3": ...}``) from Linux sysfs; empty where sysfs does not say."""
+    units = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
+    out = {}
+    for d in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            kind, level, size = ((d / f).read_text().strip() for f in ("type", "level", "size"))
+            nbytes = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+        except (OSError, ValueError):
+            continue
+        if kind != "Instruction":
+            out[f"L{level}" + ("d" if kind == "Data" else "")] = nbytes
+    return out
+
+
+def peak_copy_bandwidth(array_bytes: int, repeats: int) -> dict:
+    """Measured peak copy bandwidth of main memory: bytes read + written per second by the
+    fastest of ``repeats`` ``np.copyto`` calls between two float32 arrays of ``array_bytes``
+    (choose it well above the last-level cache, so that the copy goes to memory)."""
+    a = np.ones(max(1, array_bytes // 4), dtype=np.float32)
     b = np.empty_like(a)
-    reps = max(1, int(2e-2 / (a.nbytes / 1e10)))
+    np.copyto(b, a)          # touches b's pages: no page faults in the timed copies
+    t = best_of(lambda: np.copyto(b, a), repeats)
+    return {"bytes_per_s": 2.0 * a.nbytes / t, "array_bytes": a.nbytes, "repeats": repeats,
+            "best_copy_s": t}
 
-    def run():
-        for _ in range(reps):
-            np.copyto(b, a)
 
-    run()
-    return 2.0 * a.nbytes * reps / best_of(run, repeats)
+def bandwidth_fields(points_per_s: float, bytes_per_point: int, working_set: int, peak: float,
+                     caches: dict[str, int]) -> dict:
+    """The bandwidth figures of one per-point row (their meaning: the module docstring)."""
+    achieved = points_per_s * bytes_per_point
+    ratio = achieved / peak
+    fits = next((level for level, size in sorted(caches.items(), key=lambda kv: kv[1])
+                 if working_set <= size), None)
+    fraction = None
+    if fits is not None:
+        note = (f"working set ({working_set} bytes) fits in {fits}: bytes_per_point bounds "
+                "traffic to that cache, not to memory; the ratio to the memory peak is no "
+                "fraction of a limit" + (" (above 1: served from cache)" if ratio > 1 else ""))
+    elif ratio > 1:
+        note = ("above the measured peak although the working set " +
+                ("is larger than every cache" if caches else "may not fit in a cache (cache "
+                 "sizes unknown)") + ": the peak measurement was slowed or the data were in "
+                "cache; no fraction")
+    elif caches:
+        fraction = ratio
+        note = ("working set larger than every cache: the fraction of the measured peak copy "
+                "bandwidth that the least traffic of the step reaches")
+    else:
+        note = "cache sizes unknown: the ratio may compare cache traffic with a memory peak"
+    return {"bytes_per_point": bytes_per_point, "working_set_bytes": working_set,
+            "working_set_fits_in": fits, "achieved_bytes_per_s": achieved,
+            "achieved_over_peak_copy_bandwidth": ratio,
+            "fraction_of_peak_copy_bandwidth": fraction, "bandwidth_note": note}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,6 +257,10 @@ def main(argv=None) -> dict:
     p.add_argument("--seconds", type=float, default=0.5,
                    help="target duration of one timed run of ours (sets N)")
     p.add_argument("--no-dynamax", action="store_true")
+    p.add_argument("--peak-repeats", type=int, default=30,
+                   help="np.copyto calls of the peak copy bandwidth (best of), before and after")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny sizes (m 16, K 1 and 3, one repeat): seconds, numbers meaningless")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "kalman.json"))
     p.add_argument("--worker", choices=["dynamax"], help=argparse.SUPPRESS)
     p.add_argument("--m", type=int, help=argparse.SUPPRESS)
@@ -197,6 +269,9 @@ def main(argv=None) -> dict:
     if args.worker == "dynamax":
         dynamax_worker(args)
         return {}
+    if args.smoke:
+        args.sizes, args.classes, args.repeats, args.seconds = [16], [3], 1, 0.01
+        args.peak_repeats = 3
 
     import jax
     import jax.numpy as jnp
@@ -209,15 +284,18 @@ def main(argv=None) -> dict:
     dtype = jnp.dtype(args.dtype)
     itemsize = dtype.itemsize
     load_before = os.getloadavg()
+    caches = cache_sizes()
+    peak_bytes = max(256 * 1024 ** 2, 4 * max(caches.values(), default=0))
+    peaks = [peak_copy_bandwidth(peak_bytes, args.peak_repeats)]
     rows: list[dict] = []
 
-    def record(method, m, K, n, seconds, **extra):
+    def record(method, m, K, n, seconds, bytes_per_point=None, **extra):
         row = {"method": method, "task": "regression" if K == 1 else "classification", "m": m,
                "K": K, "n_points": n, "seconds": seconds, "points_per_s": n / seconds, **extra}
+        if bytes_per_point is not None:
+            row["bandwidth"] = (n / seconds, bytes_per_point, (m * m + m * K) * itemsize)
         rows.append(row)
-        frac = row.get("fraction_of_copy_bandwidth")
-        print(f"{row['task']:14s} {method:44s} m={m:5d} K={K:4d} {n / seconds:12.0f} pts/s"
-              + (f"  ({100 * frac:5.1f} % of copy bandwidth)" if frac is not None else ""),
+        print(f"{row['task']:14s} {method:44s} m={m:5d} K={K:4d} {n / seconds:12.0f} pts/s",
               flush=True)
 
     # our side returns the final state and the log marginal likelihood
@@ -229,11 +307,9 @@ def main(argv=None) -> dict:
 
     scan = jax.jit(outputs(kf.filter), static_argnames=("options",))
     blocked = jax.jit(outputs(kf.filter_blocked), static_argnames=("options", "block_size"))
-    bandwidth = {}
     for m in args.sizes:
         for K in [1] + list(args.classes):
             bpp = (3 * m * m + 3 * m * K + m) * itemsize
-            bw = bandwidth.setdefault((m, K), copy_bandwidth((m * m + m * K) * itemsize))
             # N from a rough per-point cost (at least 2 m^2 flops), a multiple of 128
             n = int(args.seconds / max(4e-6, 4.0 * m * m / 4e9))
             n = max(512, min(100_000, n // 128 * 128))
@@ -259,9 +335,7 @@ def main(argv=None) -> dict:
                 run = lambda: jax.block_until_ready(compiled(key, state, Xj, Yj, params))  # noqa: E731,B023
                 out = run()
                 t = best_of(run, args.repeats)
-                extra = {"bytes_per_point": bpp, "copy_bandwidth_bytes_per_s": bw,
-                         "fraction_of_copy_bandwidth": n / t * bpp / bw} \
-                    if method == "ours-scan" else {}
+                extra = {"bytes_per_point": bpp} if method == "ours-scan" else {}
                 lls[method] = float(out[2])
                 record(method, m, K, n, t, **extra)
             # NumPy: the Gaussian (surrogate) log marginal of the same targets
@@ -269,8 +343,7 @@ def main(argv=None) -> dict:
             T = Y[:n_np, None] if K == 1 else np.eye(K, dtype=args.dtype)[Y[:n_np]]
             t = best_of(lambda: numpy_inplace_filter(X[:n_np], T, GAMMA, s_w2, s2),
                         args.repeats)
-            record("numpy-inplace", m, K, n_np, t, bytes_per_point=bpp,
-                   copy_bandwidth_bytes_per_s=bw, fraction_of_copy_bandwidth=n_np / t * bpp / bw)
+            record("numpy-inplace", m, K, n_np, t, bytes_per_point=bpp)
             if K == 1:
                 # consistency: the same log marginal likelihood on the first n_np points
                 ll_np = numpy_inplace_filter(X[:n_np], T, GAMMA, s_w2, s2)[2]
@@ -291,6 +364,17 @@ def main(argv=None) -> dict:
                            loglik_rel_diff_vs_ours=abs(r["loglik"] - float(ll_ours))
                            / abs(float(ll_ours)))
 
+    # the peak again after the timings (the load may have changed); the larger one is the peak
+    peaks.append(peak_copy_bandwidth(peak_bytes, args.peak_repeats))
+    peak = max(pk["bytes_per_s"] for pk in peaks)
+    for row in rows:
+        if "bandwidth" in row:
+            row.update(bandwidth_fields(*row.pop("bandwidth"), peak, caches))
+            print(f"{row['task']:14s} {row['method']:44s} m={row['m']:5d} K={row['K']:4d} "
+                  f"{row['achieved_bytes_per_s'] / 1e9:7.2f} GB/s least traffic, "
+                  f"{row['achieved_over_peak_copy_bandwidth']:.2f} x measured peak copy "
+                  f"bandwidth ({row['bandwidth_note'].split(':')[0]})", flush=True)
+
     def pps(prefix, m, K):
         got = [r["points_per_s"] for r in rows
                if r["method"].startswith(prefix) and r["m"] == m and r["K"] == K]
@@ -306,39 +390,60 @@ def main(argv=None) -> dict:
             ratios[f"{task}_m{m}_scan_over_numpy_inplace"] = scan_pps / pps("numpy-inplace", m, K)
             ratios[f"{task}_m{m}_best_ours_over_numpy_inplace"] = \
                 best_ours / pps("numpy-inplace", m, K)
-            if K == 1 and not args.no_dynamax:
+            if K == 1 and any(r["method"].startswith("dynamax") and r["m"] == m for r in rows):
                 dx = pps("dynamax-lgssm_filter, generic dense (loglik only)", m, 1)
                 ratios[f"{task}_m{m}_scan_over_dynamax_generic_loglik_only"] = scan_pps / dx
                 ratios[f"{task}_m{m}_best_ours_over_dynamax_generic_loglik_only"] = best_ours / dx
     result = {
         "benchmark": "kalman",
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpu_count": os.cpu_count(), "python": platform.python_version(),
-                    "jax": jax.__version__, "device": str(jax.devices()[0]),
+        "machine": {**machine_info(), "jax": jax.__version__, "device": str(jax.devices()[0]),
                     "load_average_before": load_before, "load_average_after": os.getloadavg(),
                     "threads": "OMP/MKL/OPENBLAS_NUM_THREADS="
                                f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, XLA_FLAGS="
-                               f"{os.environ.get('XLA_FLAGS', 'unset')}"},
+                               f"{os.environ.get('XLA_FLAGS', 'unset')}",
+                    "caches_bytes": caches},
+        "code": code_version(),
+        "settings": {"sizes": args.sizes, "classes": args.classes, "repeats": args.repeats,
+                     "seconds": args.seconds, "dynamax": not args.no_dynamax,
+                     "peak_repeats": args.peak_repeats, "smoke": args.smoke},
         "dtype": args.dtype,
         "gamma": GAMMA,
         "outputs": "ours: final mean, final covariance and log marginal likelihood; "
                    "numpy-inplace: the same; dynamax: the log marginal likelihood (loglik only) "
                    "or its default full posterior",
-        "bandwidth_definition": "bytes_per_point = (3 m^2 + 3 m K + m) * itemsize (A read "
-                                "twice, written once; M likewise; phi once), a lower bound for "
-                                "a per-point recursion; copy bandwidth measured on an array of "
-                                "the size of A and M",
+        "peak_copy_bandwidth": {"bytes_per_s": peak, "before": peaks[0], "after": peaks[1],
+                                "definition": "measured peak copy bandwidth of main memory: "
+                                "bytes read + written per second by the fastest np.copyto "
+                                "between two float32 arrays of array_bytes (max(256 MiB, 4x the "
+                                "last-level cache)), best of `repeats`, measured before and "
+                                "after the timings; the larger is the peak"},
+        "bandwidth_definition": "per-point rows (ours-scan, numpy-inplace): bytes_per_point = "
+                                "(3 m^2 + 3 m K + m) * itemsize (A read twice -- k = A phi, "
+                                "then the rank-1 update, which needs k -- and written once; M "
+                                "likewise; phi once): a lower bound on the bytes a per-point "
+                                "step moves between the core and wherever A and M live, not a "
+                                "measurement; achieved_bytes_per_s = points_per_s * "
+                                "bytes_per_point (the least traffic the speed implies); "
+                                "achieved_over_peak_copy_bandwidth = achieved_bytes_per_s / "
+                                "peak_copy_bandwidth.bytes_per_s; "
+                                "fraction_of_peak_copy_bandwidth = that ratio only when the "
+                                "working set (A and M, (m^2 + m K) * itemsize) is larger than "
+                                "every cache (machine.caches_bytes) and the ratio is at most "
+                                "1, else null: a working set that fits in a cache is served "
+                                "from it, the byte count then bounds traffic to that cache, "
+                                "not to memory, and no ratio above 1 is meaningful "
+                                "(bandwidth_note says which case a row is). No byte count for "
+                                "the blocked recursion (it reads A twice per block)",
         "rows": rows,
         "ratios": ratios,
         "notes": ["points/s = N / best of the repeats after compilation; NumPy and dynamax run "
                   "fewer points than ours (they are slower)",
                   "fixed gamma everywhere (the filters, not the delta step)",
-                  "the machine is shared: the load averages are recorded"],
+                  "the machine is shared: the load averages are recorded"]
+        + (["--smoke: tiny sizes, the numbers mean nothing"] if args.smoke else []),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(ratios, indent=2))
+    print(f"wrote {relative_to_repo(write_json(args.out, result))}")
     return result
 
 

@@ -23,8 +23,11 @@ Comparisons written to the JSON (``ratios``):
 ``--overhead`` times the same four engines at tiny sizes (D = 8, B = 16, M = 4 per task), where a
 step is Python and kernel dispatch only: on a CPU, a proxy for the GPU's launch-bound regime.
 
-Run: ``python benchmarks/vargp.py [--device cuda] [--steps 5] [--quick] [--overhead]
-[--validate-args always]``.
+``--smoke``: ``--quick --overhead`` on the CPU (tasks 1 and 2 at the tiny sizes, 2 steps, no
+epoch): seconds, a check that the script runs and writes its JSON (its numbers mean nothing).
+
+Run: ``python benchmarks/vargp.py [--device cuda] [--steps 5] [--quick] [--overhead] [--smoke]
+[--validate-args always] [--out PATH]``.
 """
 
 from __future__ import annotations
@@ -300,7 +303,11 @@ def main(argv=None) -> int:
     ap.add_argument("--validate-args", choices=("first", "always"), default="first",
                     help="Pyro's distribution checks: on the first step only (the engine's "
                          "default) or on every step, for both VAR-GP and Pyro's SVGP")
+    ap.add_argument("--smoke", action="store_true",
+                    help="--quick --overhead on the CPU: seconds, the numbers mean nothing")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.quick, args.overhead, args.device = True, True, ["cpu"]
     global VALIDATE_ARGS, D, B, M_PER_TASK, N_TASK, OVERHEAD
     VALIDATE_ARGS = args.validate_args
     OVERHEAD = bool(args.overhead)
@@ -316,7 +323,8 @@ def main(argv=None) -> int:
                                                "per_class_inducing_inputs": True},
         "matched": {"num_theta_samples": 1, "num_f_samples": 1,
                     "per_class_inducing_inputs": False}, "dtype": "float32", "steps": steps,
-        "validate_args": VALIDATE_ARGS, "overhead_proxy": bool(args.overhead)},
+        "validate_args": VALIDATE_ARGS, "overhead_proxy": bool(args.overhead),
+        "smoke": bool(args.smoke)},
         "machine": machine_info(), "runs": {}}
     results["code"] = code_version()
     for dev in devices:

@@ -144,7 +144,17 @@ def main(argv=None) -> dict:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "vips.json"))
     p.add_argument("--append", action="store_true", help="add this run to an existing JSON")
+    p.add_argument("--smoke", action="store_true", help="concrete, 2 batches: seconds, numbers "
+                   "meaningless; GPflow only if --gpflow-python has it")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.dataset, args.batches = ["concrete"], 2
+        try:   # the peer only where it is installed
+            found = subprocess.run([args.gpflow_python, "-c", "import gpflow"],
+                                   capture_output=True).returncode == 0
+        except (OSError, TypeError):   # no such interpreter, or no --gpflow-python
+            found = False
+        args.gpflow_python = args.gpflow_python if found else None
     from ppl_cl.numerics import enable_x64
 
     enable_x64()
@@ -179,6 +189,16 @@ def main(argv=None) -> dict:
             Path(args.out).write_text(json.dumps(old, indent=2))
         else:
             Path(args.out).write_text(json.dumps(result, indent=2))
+    from ppl_cl.provenance import code_version, command_line, machine_info, write_json
+
+    stamp = {"machine": {**result["machine"], **machine_info()}, "code": code_version(),
+             "command": command_line(), "gpflow_sgpr": bool(args.gpflow_python and not args.no_fit),
+             "smoke": args.smoke}
+    saved = json.loads(Path(args.out).read_text()) if args.append else result
+    for entry in [saved, *saved.get("runs", [])]:   # what this run wrote (--append: its runs)
+        if any(entry.get("datasets", {}).get(k) == v for k, v in result["datasets"].items()):
+            entry.update(stamp)
+    write_json(args.out, {"benchmark": "vips", **saved})
     return result
 
 

@@ -13,7 +13,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REPO_ROOT", "code_version", "machine_info", "relative_to_repo", "write_json"]
+__all__ = ["REPO_ROOT", "code_version", "command_line", "machine_info", "portable_path",
+           "relative_to_repo", "write_json"]
 
 #: the checkout this package was imported from (the folder holding ``ppl_cl/``)
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -68,6 +69,36 @@ def relative_to_repo(path: str | os.PathLike) -> str:
         return p.relative_to(REPO_ROOT).as_posix()
     except ValueError:
         return str(path)
+
+
+#: what :func:`portable_path` puts in place of the folders of a path outside the repository
+OUTSIDE_REPO = "<outside the repository>"
+
+
+def portable_path(path: str | os.PathLike) -> str:
+    """``path`` relative to the repository root when it lies inside it, else its file name under
+    :data:`OUTSIDE_REPO` (``<outside the repository>/vips.json``): what a committed JSON may
+    record, naming no folder of the machine that wrote it."""
+    try:
+        return Path(path).resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return f"{OUTSIDE_REPO}/{Path(path).name}"   # the name given (a link's, not its target's)
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command ``argv`` (default ``sys.argv``) as one string, every argument that is an
+    absolute path or an existing relative one (also the value of ``--option=PATH``) written
+    by :func:`portable_path`; other arguments as given."""
+    import sys
+
+    def one(arg: str) -> str:
+        if arg.startswith("-") and "=" in arg:
+            option, value = arg.split("=", 1)
+            return f"{option}={one(value)}"
+        is_path = os.path.isabs(arg) or (os.sep in arg and os.path.exists(arg))
+        return portable_path(arg) if is_path else arg
+
+    return " ".join(one(a) for a in (sys.argv if argv is None else argv))
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> Path:
