@@ -187,6 +187,26 @@ def test_power_a_wrong_mixture_weight_fails_the_suite(monkeypatch, scale):
     assert _moment_failures(_ours, 30, torch.float64, z_values=(0.0, 1.0)) != []
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_truncated_inverse_gaussian_against_its_cdf(dtype):
+    """The inverse-Gaussian piece of the proposal, ``IG(1/c, 1)`` truncated to ``(0, t]``, by
+    one-sample KS against scipy's CDF ``F(x) / F(t)`` (the Levy law at c = 0), on both of its
+    branches (``c < 1/t``: truncated Levy tilted by ``exp(-c^2 x / 2)``; ``c >= 1/t``: the
+    Michael-Schucany-Haas transform), Bonferroni over the cells."""
+    import inference.polya_gamma as pg
+
+    g = torch.Generator().manual_seed(11)
+    cells = (0.0, 0.3, 1.0, 1.5, 1.6, 3.0, 10.0)
+    pvalues = {}
+    for c in cells:
+        x = pg._truncated_inverse_gaussian(torch.full((20000,), c, dtype=dtype), g).double().numpy()
+        law = stats.levy() if c == 0 else stats.invgauss(1.0 / c)
+        Ft = law.cdf(TRUNCATION)
+        assert x.max() <= TRUNCATION and x.min() > 0
+        pvalues[c] = stats.kstest(x, lambda v: law.cdf(v) / Ft).pvalue
+    assert min(pvalues.values()) > 1e-3 / len(cells), pvalues
+
+
 def test_series_tail_decides_like_the_full_alternating_series():
     """``_series_tail`` (terms n >= 3 of S_n = sum_k (-1)^k (2k+1) r^{k(k+1)}) against the limit
     of the series summed to 60 terms: for U in (S_1, S_2] (where the sampler calls it) it accepts
@@ -223,9 +243,9 @@ def test_float32_odds_overflow_with_a_zero_uniform_takes_the_inverse_gaussian_br
     assert bool(torch.isinf(pg._q_over_p(c, TRUNCATION)).all())
     real = pg._uniforms
 
-    def zero_branch_uniform(rows, n, like, generator):
-        u = real(rows, n, like, generator)
-        if rows == 3:        # the J* round (z = 100: the IG piece runs its one-row small-mu rounds)
+    def zero_branch_uniform(rows, n, like, generator, k=1):
+        u = real(rows, n, like, generator, k)
+        if rows == 3:                                # the J* round: row 1 picks the branch
             u[1] = 0.0
         return u
 
