@@ -320,6 +320,15 @@ def run_gptree_classes(config: GPTreeClassesConfig, ctx: RunContext) -> dict:
     config = GPTreeClassesConfig(**{**config.__dict__,
                                     "learner": config.learner.replace(device=ctx.device)})
     for seed in ctx.progress(range(config.seeds), desc="seeds"):
+        saved = ctx.load_checkpoint(f"seed{seed}")
+        if saved is not None:        # --resume: this seed finished before the stop
+            for m, row in saved["results"].items():
+                for C, acc in row.items():
+                    results[m][int(C)].append(float(acc))
+            for m, row in saved["selected"].items():
+                for C, (kernel, scale, acc_val) in row.items():
+                    selected[m][int(C)].append([str(kernel), float(scale), float(acc_val)])
+            continue
         for C in config.class_counts:
             if C > available.size:
                 raise ValueError(f"class_counts: {C} classes requested, the data has "
@@ -345,6 +354,11 @@ def run_gptree_classes(config: GPTreeClassesConfig, ctx: RunContext) -> dict:
                 results[m][C].append(acc)
                 ctx.log(f"seed {seed} C={C} {m}: {acc:.2f}%" +
                         (f" (kernel {cell[0]}, output scale {cell[1]:g})" if cell else ""))
+        ctx.save_checkpoint(f"seed{seed}", {
+            "results": {m: {str(C): r[C][-1] for C in r if len(r[C]) == seed + 1}
+                        for m, r in results.items()},
+            "selected": {m: {str(C): r[C][-1] for C in r if len(r[C]) == seed + 1}
+                         for m, r in selected.items()}})
         (ctx.out_dir / "partial.json").write_text(json.dumps(
             {"seeds_done": seed + 1, "results": {m: {str(C): v for C, v in r.items()}
                                                  for m, r in results.items()},
@@ -654,6 +668,11 @@ def run_gptree_fscil(config: GPTreeFSCILConfig, ctx: RunContext) -> dict:
             curves["ncm"].append(accs)
             forget["ncm"].append([forgetting(R[:k + 1, :k + 1]) for k in range(1, len(sessions))])
             ctx.log(f"run {run} ncm: " + ", ".join(f"{a:.1f}" for a in accs))
+        ctx.save_checkpoint(f"seed{seed}", {
+            "results": {m: {str(C): r[C][-1] for C in r if len(r[C]) == seed + 1}
+                        for m, r in results.items()},
+            "selected": {m: {str(C): r[C][-1] for C in r if len(r[C]) == seed + 1}
+                         for m, r in selected.items()}})
         (ctx.out_dir / "partial.json").write_text(json.dumps(
             {"runs_done": run + 1, "curves": curves, "forgetting": forget}, indent=1))
     curves_np = {k: np.asarray(v) for k, v in curves.items()}

@@ -210,3 +210,37 @@ def test_gptree_classes_grid_on_cub_features_miniature(tmp_data_root):
             assert kernel in ("linear", "rbf") and scale in (1.0, 9.0) and 0 <= acc_val <= 100
     assert 0.0 <= s["acc_gptree_chains2_3"] <= 100.0
     assert "kernel" in (tmp_data_root / "run" / "progress.log").read_text()
+
+
+def test_gptree_classes_resumes_after_a_stop(tmp_data_root, monkeypatch):
+    """A run stopped in its second seed and resumed (``--resume``) gives the metrics of an
+    uninterrupted run: each finished seed is checkpointed (a full grid run takes hours)."""
+    import ppl_cl.experiments.gp_tree as exp
+
+    _cub_miniature(tmp_data_root)
+    over = {"dataset": "cub", "class_counts": "[3]", "seeds": "2", "train_per_class": "6",
+            "vi": "false", "chain_counts": "[]", "methods": "gptree,lsm", "grid": "true",
+            "grid_outputscales": "[1, 9]"}
+    whole = run_experiment("gptree-classes", out=tmp_data_root / "whole", overrides=over)
+    real = exp._grid_row
+
+    def stop_in_second_seed(*args, **kwargs):
+        if args[3] == 1:                                  # the seed argument
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(exp, "_grid_row", stop_in_second_seed)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment("gptree-classes", out=tmp_data_root / "cut", overrides=over)
+    seeds_fitted = []
+
+    def record(*args, **kwargs):
+        seeds_fitted.append(args[3])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(exp, "_grid_row", record)
+    resumed = run_experiment("gptree-classes", out=tmp_data_root / "cut", overrides=over,
+                             resume=True)
+    assert set(seeds_fitted) == {1}                       # seed 0 came from its checkpoint
+    assert resumed["summary"] == whole["summary"] and resumed["selected"] == whole["selected"]
+    assert "resume" in (tmp_data_root / "cut" / "progress.log").read_text()
