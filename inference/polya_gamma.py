@@ -21,20 +21,24 @@ sum and rejected when above an upper one. The proposal is a mixture:
 
 * ``x > t``: ``t + Exp(1) / K``, ``K = pi^2 / 8 + c^2 / 2`` (truncated exponential);
 * ``x <= t``: inverse Gaussian ``IG(mu = 1/c, 1)`` truncated to ``(0, t]``: for ``mu > t`` by
-  ``X = t / (1 + t E)^2`` (``E, E'`` exponential with ``E^2 <= 2 E' / t``) accepted with
-  probability ``exp(-c^2 X / 2)``; for ``mu <= t`` by the Michael-Schucany-Haas transform of a
-  chi-square(1) draw, repeated until ``X <= t``;
+  the Levy law ``x^{-3/2} exp(-1/(2x))`` truncated to ``(0, t]`` (exact inversion of its CDF
+  ``2 Phi(-1/sqrt(x))``) accepted with probability ``exp(-c^2 X / 2)`` (PSW's Sect. 4.2 draws
+  the same truncated Levy law by Devroye's ``t / (1 + t E)^2`` with a rejection step of its
+  own); for ``mu <= t`` by the Michael-Schucany-Haas transform of a chi-square(1) draw,
+  repeated until ``X <= t``;
 
-with mixture weight ``p / (p + q)``, ``p = pi / (2K) exp(-K t)``,
-``q = 2 exp(-c) Phi_IG(t | 1/c, 1)`` (PSW eqs. in Sect. 4.2; evaluated in log space).
+with the exponential piece taken when a uniform falls below ``p / (p + q)``,
+``p = pi / (2K) exp(-K t)``, ``q = 2 exp(-c) Phi_IG(t | 1/c, 1)`` (PSW Sect. 4.2; the odds
+``q / p`` in a closed form that overflows to ``inf``, never NaN, and ``p / (p + q) = 0`` then).
 
 Vectorization: every element runs the same program under masks. A Python ``while`` loops over
 *rejection rounds* of the still-unaccepted elements only (each round is a handful of tensor
 operations on the pending elements; PSW show the acceptance rate exceeds 0.9992, so almost every
 element is done after one round); small pending sets draw several proposals per element in one
-round and keep the first accepted (the same sampler, fewer rounds). The values read on the host
-are the sizes of index sets (pending elements, branch subsets) and one maximum in the branch odds
-(whether ``erfcx`` is needed); no element is ever copied to the host.
+round, laid out ``(k, n)`` against the ``n`` parameters, and keep the first accepted (the same
+sampler, fewer rounds). The values read on the host are the sizes of index sets (pending
+elements, branch subsets) and one maximum in the branch odds (whether ``erfcx`` is needed); no
+element is ever copied to the host.
 
 Integer ``b > 1``: a sum of ``b`` independent ``PG(1, z)`` draws (PSW Sect. 2, the PG family is
 closed under convolution in b).
@@ -53,7 +57,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["random_polyagamma", "random_polyagamma_reference", "polyagamma_mean",
-           "polyagamma_variance", "TRUNCATION"]
+           "polyagamma_variance", "TRUNCATION", "REFERENCE_METHOD_SWITCH"]
 
 TRUNCATION = 0.64
 """The switch point ``t`` of the two series representations (PSW Sect. 4.1: 0.64 maximises
@@ -77,15 +81,22 @@ def polyagamma_mean(b, z: Tensor) -> Tensor:
 
 
 def polyagamma_variance(b, z: Tensor) -> Tensor:
-    """``Var[PG(b, z)] = b (sinh z - z) / (4 z^3 cosh^2(z/2))`` (``b / 24`` at ``z = 0``)."""
+    """``Var[PG(b, z)] = b (sinh z - z) / (4 z^3 cosh^2(z/2))`` (``b / 24`` at ``z = 0``),
+    elementwise, in the form ``b (2 tanh(z/2) - z sech^2(z/2)) / (4 z^3)`` (the same function:
+    ``sinh z = 2 sinh(z/2) cosh(z/2)``), which stays finite where ``sinh z`` overflows
+    (``|z| > 710`` in float64, ``> 89`` in float32: ``sech^2`` underflows to 0 instead).
+    Near 0 both lose digits to cancellation (``~ z^3 / 6`` from terms ``~ z``): the Taylor
+    series ``1/24 - z^2/120 + 17 z^4/13440 - 31 z^6/181440 + 691 z^8/31933440`` there (below
+    0.1 in float64, 0.6 in lower precision; relative error below 1e-12 / 2e-6)."""
     z = torch.as_tensor(z)
     az = z.abs()
-    small = az < 1e-2
+    small = az < (0.1 if az.dtype == torch.float64 else 0.6)
     safe = torch.where(small, torch.ones_like(az), az)
-    # sinh(z) - z loses digits for small z: Taylor series there (z^3/6 + z^5/120 + ...)
-    big = (torch.sinh(safe) - safe) / (4.0 * safe ** 3 * torch.cosh(safe / 2.0) ** 2)
+    half = 0.5 * safe
+    big = (2.0 * torch.tanh(half) - safe / torch.cosh(half) ** 2) / (4.0 * safe ** 3)
     z2 = az * az
-    series = 1.0 / 24.0 - z2 / 120.0 + 17.0 * z2 * z2 / 13440.0
+    series = 1.0 / 24.0 + z2 * (-1.0 / 120.0 + z2 * (17.0 / 13440.0 + z2 * (-31.0 / 181440.0
+                                                                   + z2 * 691.0 / 31933440.0)))
     return b * torch.where(small, series, big)
 
 
@@ -130,10 +141,10 @@ def _q_over_p(c: Tensor, t: float) -> Tensor:
     return first.add_(ex, alpha=0.5 * math.exp(_LOG_CONST)).mul_(K).mul_(4.0 / math.pi)
 
 
-def _uniforms(rows: int, n: int, like: Tensor, generator) -> Tensor:
-    """``(rows, n)`` independent ``U[0, 1)`` draws in one call (compared against probabilities;
-    :func:`_to_exponential` guards the log)."""
-    return torch.rand(rows, n, dtype=like.dtype, device=like.device, generator=generator)
+def _uniforms(rows: int, n: int, like: Tensor, generator, k: int = 1) -> Tensor:
+    """``(rows, k, n)`` independent ``U[0, 1)`` draws in one call (compared against
+    probabilities; :func:`_to_exponential` guards the log)."""
+    return torch.rand(rows, k, n, dtype=like.dtype, device=like.device, generator=generator)
 
 
 def _to_exponential(u: Tensor) -> Tensor:
@@ -153,9 +164,10 @@ def _candidates(n: int) -> int:
 
 def _rejection(round_fn, params: tuple[Tensor, ...], generator) -> Tensor:
     """Runs a vectorized rejection sampler to completion: ``round_fn(*params, k, generator)``
-    returns ``k`` proposals per element and whether each was accepted, both ``(k, n)``. The first
-    round proposes once for every element, in place; later rounds work on the still-pending
-    elements only (``_candidates`` proposals each) and keep the first accepted proposal."""
+    returns ``k`` proposals per element and whether each was accepted, both ``(k, n)`` (the
+    ``n`` parameters broadcast along the first axis). The first round proposes once for every
+    element; later rounds work on the still-pending elements only (``_candidates`` proposals
+    each) and keep the first accepted proposal."""
     X, ok = round_fn(*params, 1, generator)
     out, done = X[0], ok[0]
     rest = torch.nonzero(~done).squeeze(-1)
@@ -174,77 +186,88 @@ def _rejection(round_fn, params: tuple[Tensor, ...], generator) -> Tensor:
     return out
 
 
-def _ig_large_round(c: Tensor, k: int, generator) -> tuple[Tensor, Tensor]:
-    """``k`` proposals for ``IG(1/c, 1)`` truncated to ``(0, t]`` when ``1/c > t`` (Devroye 1986
-    via PSW Sect. 4.2): ``X = t / (1 + t E)^2``, accepted when ``E^2 <= 2 E' / t`` and with
-    probability ``exp(-c^2 X / 2)`` (``E, E', E''`` exponential)."""
-    t = TRUNCATION
-    n = c.numel()
-    E = _to_exponential(_uniforms(3, k * n, c, generator))
-    X = E[0].mul(t).add_(1.0).square_().reciprocal_().mul_(t)
-    ck = c if k == 1 else c.repeat(k)
-    ok = (E[0] * E[0] <= E[1].mul_(2.0 / t)).logical_and_(E[2] >= (ck * ck).mul_(X).mul_(0.5))
-    return X.reshape(k, n), ok.reshape(k, n)
+#: ``Phi(-1 / sqrt(t))``: half the mass of the Levy law ``x^{-3/2} exp(-1/(2x)) / sqrt(2 pi)``
+#: on ``(0, t]`` (its CDF is ``2 Phi(-1 / sqrt(x))``)
+_LEVY_HALF_MASS = 0.5 * math.erfc(1.0 / math.sqrt(2.0 * TRUNCATION))
+
+
+def _ig_large_round(c2h: Tensor, k: int, generator) -> tuple[Tensor, Tensor]:
+    """``k`` proposals for ``IG(1/c, 1)`` truncated to ``(0, t]`` when ``1/c > t``, for
+    ``c2h = c^2 / 2``. On ``(0, t]`` the IG density is ``x^{-3/2} exp(-1/(2x))`` (the Levy law)
+    times ``exp(-c^2 x / 2)``: the Levy law truncated to ``(0, t]`` by inversion,
+    ``X = 1 / Phi^-1((1 - U) Phi(-1/sqrt(t)))^2``, accepted with probability
+    ``exp(-c^2 X / 2)`` (at least ``exp(-1/(2t)) = 0.46`` for ``c < 1/t``, 0.9 and more for the
+    ``|z| < 1.5`` typical of GP-Tree nodes). The same law as PSW's Sect. 4.2 scheme (Devroye's
+    ``t / (1 + t E)^2`` with its own rejection step), with one rejection step instead of two."""
+    u = _uniforms(2, c2h.numel(), c2h, generator, k)
+    X = torch.special.ndtri(u[0].neg_().add_(1.0).mul_(_LEVY_HALF_MASS)).square_().reciprocal_()
+    return X, u[1] <= (X * c2h).neg_().exp_()
 
 
 def _ig_small_round(mu: Tensor, k: int, generator) -> tuple[Tensor, Tensor]:
     """``k`` proposals for ``IG(mu, 1)`` truncated to ``(0, t]`` when ``mu <= t``: the
     Michael-Schucany-Haas transform of a chi-square(1) draw, accepted when ``X <= t``."""
     n = mu.numel()
-    m = mu if k == 1 else mu.repeat(k)
-    Y = torch.randn(k * n, dtype=mu.dtype, device=mu.device, generator=generator).square_()
-    muY = m * Y
-    X = (muY * muY).add_(muY, alpha=4.0).sqrt_().mul_(-0.5).add_(muY, alpha=0.5).add_(1.0).mul_(m)
-    U = _uniforms(1, k * n, mu, generator)[0]
-    X = torch.where(U > m / (m + X), m * m / X, X)
-    return X.reshape(k, n), (X <= TRUNCATION).reshape(k, n)
+    Y = torch.randn(k, n, dtype=mu.dtype, device=mu.device, generator=generator).square_()
+    muY = Y.mul_(mu)
+    X = (muY * muY).add_(muY, alpha=4.0).sqrt_().mul_(-0.5).add_(muY, alpha=0.5).add_(1.0).mul_(mu)
+    U = _uniforms(1, n, mu, generator, k)[0]
+    X = torch.where(U > mu / (mu + X), mu * mu / X, X)
+    return X, X <= TRUNCATION
 
 
 def _truncated_inverse_gaussian(c: Tensor, generator) -> Tensor:
     """``IG(1/c, 1)`` truncated to ``(0, t]`` for every element of a 1-D ``c >= 0``."""
-    out = torch.empty_like(c)
     big_mu = c * TRUNCATION < 1.0                                       # mu = 1/c > t
-    i_big = torch.nonzero(big_mu).squeeze(-1)
     i_small = torch.nonzero(~big_mu).squeeze(-1)
+    if not i_small.numel():
+        return _rejection(_ig_large_round, ((c * c).mul_(0.5),), generator)
+    out = torch.empty_like(c)
+    i_big = torch.nonzero(big_mu).squeeze(-1)
     if i_big.numel():
-        out[i_big] = _rejection(_ig_large_round, (c[i_big],), generator)
-    if i_small.numel():
-        out[i_small] = _rejection(_ig_small_round, (c[i_small].reciprocal(),), generator)
+        cb = c[i_big]
+        out[i_big] = _rejection(_ig_large_round, (cb.mul_(cb).mul_(0.5),), generator)
+    out[i_small] = _rejection(_ig_small_round, (c[i_small].reciprocal_(),), generator)
     return out
 
 
-def _pg1_round(c: Tensor, odds: Tensor, k: int, generator) -> tuple[Tensor, Tensor]:
+def _pg1_round(c: Tensor, K: Tensor, p_exp: Tensor, k: int, generator) -> tuple[Tensor, Tensor]:
     """``k`` proposals of ``J*(1, c)`` per element (PSW Algorithm 1) and their acceptance by the
-    alternating series (the first two partial sums decide nearly all; later terms are evaluated
-    only on the proposals they have not decided)."""
+    alternating series (the first partial sum decides nearly all; later terms are evaluated
+    only on the proposals it has not decided). ``K = pi^2/8 + c^2/2``, ``p_exp = p / (p + q)``."""
     t = TRUNCATION
     n = c.numel()
-    ck, ok_ = (c, odds) if k == 1 else (c.repeat(k), odds.repeat(k))
-    u = _uniforms(3, k * n, c, generator)
-    X = _to_exponential(u[0]).div_(_exp_rate(ck)).add_(t)
-    # exponential branch with probability p / (p + q) = 1 / (1 + q/p)
-    i_ig = torch.nonzero(u[1].mul_(ok_.add(1.0)) >= 1.0).squeeze(-1)
+    u = _uniforms(3, n, c, generator, k)
+    X = _to_exponential(u[0]).div_(K).add_(t)
+    # exponential branch when U < p / (p + q): where q/p overflows (|z| > ~36 in float32,
+    # ~97 in float64) p_exp is 0 and U = 0 still takes the inverse-Gaussian branch (a product
+    # U (1 + q/p) would be 0 * inf = NaN there and pick the wrong branch)
+    i_ig = torch.nonzero((u[1] >= p_exp).view(-1)).squeeze(-1)
     if i_ig.numel():
-        X[i_ig] = _truncated_inverse_gaussian(ck[i_ig], generator)
+        X.view(-1)[i_ig] = _truncated_inverse_gaussian(c[i_ig if k == 1 else i_ig % n],
+                                                        generator)
     # alternating series in units of a_0(X): S_n = sum_{k<=n} (-1)^k (2k+1) r^{k(k+1)},
     # r = exp(-g(X)); accept when U <= S_n (n odd), reject when U > S_n (n even)
     r = _series_log_rate(X, t).neg_().exp_()
     U = u[2]
-    r2 = r * r
-    S1 = r2.mul(-3.0).add_(1.0)
-    S2 = r2.pow_(3).mul_(5.0).add_(S1)
+    S1 = (r * r).mul_(-3.0).add_(1.0)
     accepted = U <= S1
-    i_open = torch.nonzero((U <= S2).logical_and_(~accepted)).squeeze(-1)
-    if i_open.numel():
-        accepted[i_open] = _series_tail(U[i_open], r[i_open], S2[i_open])
-    return X.reshape(k, n), accepted.reshape(k, n)
+    i_rest = torch.nonzero((~accepted).view(-1)).squeeze(-1)
+    if i_rest.numel():
+        Ur, rr, S1r = U.view(-1)[i_rest], r.view(-1)[i_rest], S1.view(-1)[i_rest]
+        S2 = rr.pow(6).mul_(5.0).add_(S1r)
+        i_open = torch.nonzero(Ur <= S2).squeeze(-1)
+        if i_open.numel():
+            accepted.view(-1)[i_rest[i_open]] = _series_tail(Ur[i_open], rr[i_open], S2[i_open])
+    return X, accepted
 
 
 def _pg1(c: Tensor, generator) -> Tensor:
     """``J*(1, c) / 4`` for every element of ``c = |z| / 2`` (one draw each)."""
     shape = c.shape
     c = c.reshape(-1)
-    return _rejection(_pg1_round, (c, _q_over_p(c, TRUNCATION)), generator).mul_(0.25).reshape(shape)
+    p_exp = _q_over_p(c, TRUNCATION).add_(1.0).reciprocal_()          # p / (p + q)
+    return _rejection(_pg1_round, (c, _exp_rate(c), p_exp), generator).mul_(0.25).reshape(shape)
 
 
 def _series_tail(U: Tensor, r: Tensor, S: Tensor, max_terms: int = 200) -> Tensor:
@@ -348,11 +371,24 @@ def _random_pg_counts(b, z: Tensor, generator) -> Tensor:
     return torch.where(k < b.unsqueeze(0), draws, torch.zeros_like(draws)).sum(0)
 
 
+#: Above this ``|z|`` the reference draws with ``polyagamma``'s ``method="alternate"``, below
+#: it with ``method="devroye"``. polyagamma 2.0.2 measured on 2e5 draws per cell, b in {1, 2, 5,
+#: 30}: ``devroye`` (and the default method, which takes it for b = 1) returns ~0.16 for every
+#: draw from ``|z| ~ 176`` on (the mean is ``b tanh(z/2) / (2z)``, 0.0028 at 180); the default
+#: method's saddle approximation is off for b = 30 from ``|z| = 50``; ``alternate`` is right at
+#: every ``|z| >= 3`` but biased for b >= 2 near 0 (mean 7 standard errors high at b = 2,
+#: z = 0). 150 leaves a margin on both sides; ``tests/inference/test_polya_gamma.py`` checks
+#: the reference's moments at |z| up to 1e4.
+REFERENCE_METHOD_SWITCH = 150.0
+
+
 def random_polyagamma_reference(b, z: Tensor, seed: int | np.random.Generator | None = None
                                 ) -> Tensor:
     """The reference path: the ``polyagamma`` package on a host copy of ``z`` (the scheme of the
     GP-Tree reference code, which draws with pypolyagamma on the CPU and copies back every
-    Gibbs step). Returns a tensor with the dtype and device of ``z``."""
+    Gibbs step), ``method="devroye"`` for ``|z| < REFERENCE_METHOD_SWITCH`` and
+    ``method="alternate"`` above (each is wrong on the other side; see the constant). Returns a
+    tensor with the dtype and device of ``z``."""
     from polyagamma import random_polyagamma as pg_host
 
     zt = z if isinstance(z, Tensor) else torch.as_tensor(z, dtype=torch.get_default_dtype())
@@ -361,5 +397,16 @@ def random_polyagamma_reference(b, z: Tensor, seed: int | np.random.Generator | 
     h = float(b_int) if b_t is None else b_t.detach().cpu().double().numpy()
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     shape = np.broadcast_shapes(np.shape(h), z_np.shape)
-    out = pg_host(h, z_np, size=shape if shape else None, random_state=rng)
+    far = np.abs(z_np) >= REFERENCE_METHOD_SWITCH
+    if not far.any():
+        out = pg_host(h, z_np, size=shape if shape else None, random_state=rng, method="devroye")
+    else:
+        z_b = np.broadcast_to(z_np, shape)
+        h_b = np.broadcast_to(np.asarray(h, dtype=np.float64), shape)
+        far = np.broadcast_to(far, shape)
+        out = np.empty(shape, dtype=np.float64)
+        near = ~far
+        if near.any():
+            out[near] = pg_host(h_b[near], z_b[near], random_state=rng, method="devroye")
+        out[far] = pg_host(h_b[far], z_b[far], random_state=rng, method="alternate")
     return torch.as_tensor(np.asarray(out, dtype=np.float64), device=zt.device).to(zt.dtype)

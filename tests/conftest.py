@@ -92,3 +92,36 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def _mcmc_agreement(a, b):
+    """z-scores of the differences between two samplers' posterior means and standard
+    deviations, from draws ``a, b`` of shape ``(chains, draws, d)`` (numpy), with Monte Carlo
+    standard errors from each sampler's effective sample size (numpyro's
+    ``effective_sample_size``, which uses the chain structure):
+
+    * mean: ``se = sd / sqrt(ESS(x))``;
+    * sd (delta method): ``se = sqrt(Var[(x - m)^2] / ESS((x - m)^2)) / (2 sd)``.
+
+    Returns ``(z_mean, z_sd)``, each ``(d,)``."""
+    import numpy as np
+    from numpyro.diagnostics import effective_sample_size
+
+    def stats(x):
+        x = np.asarray(x, dtype=np.float64)
+        flat = x.reshape(-1, x.shape[-1])
+        m, sd = flat.mean(0), flat.std(0)
+        sq = (x - m) ** 2
+        se_m = sd / np.sqrt(effective_sample_size(x))
+        se_sd = np.sqrt(sq.reshape(-1, x.shape[-1]).var(0) / effective_sample_size(sq)) / (2 * sd)
+        return m, sd, se_m, se_sd
+
+    ma, sa, ema, esa = stats(a)
+    mb, sb, emb, esb = stats(b)
+    return (ma - mb) / np.sqrt(ema ** 2 + emb ** 2), (sa - sb) / np.sqrt(esa ** 2 + esb ** 2)
+
+
+@pytest.fixture
+def mcmc_agreement():
+    """:func:`_mcmc_agreement`: posterior means and sds of two samplers as z-scores."""
+    return _mcmc_agreement

@@ -174,7 +174,9 @@ class GPTreeConfig:
 @dataclass(frozen=True)
 class SBMGPConfig(GPTreeConfig):
     """Stick-break multinomial GP (Linderman et al. 2015) with the same PG Gibbs machinery: the
-    degenerate chain tree in label order (Sect. 3.1, Fig. 1a), ``tree="chain"`` only."""
+    degenerate chain tree in label order (Sect. 3.1, Fig. 1a), ``tree="chain"`` only. Zero prior
+    mean at every node, as the authors' GP-Tree code (Linderman et al. choose the means so that
+    the prior over classes is uniform; see :class:`ppl_cl.learners.gp_tree.SBMGP`)."""
 
     tree: Literal["kmeans", "random", "chain"] = "chain"
 

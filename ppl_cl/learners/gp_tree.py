@@ -617,7 +617,15 @@ class GPTree(Learner):
 
 class SBMGP(GPTree):
     """Stick-break multinomial GP (Linderman et al. 2015): GP-Tree's machinery on the chain tree
-    (``SBMGPConfig``, ``tree="chain"``): node j separates class j from the classes after it."""
+    (``SBMGPConfig``, ``tree="chain"``): node j separates class j from the classes after it.
+
+    Prior mean: zero at every node, as for GP-Tree's nodes. Linderman et al. (2015) choose the
+    means ``mu_j`` of the stick-breaking GPs so that the prior over classes is uniform (under
+    zero means the chain puts prior mass ``2^-(j+1)`` on class j, ``2^-(C-1)`` on the last);
+    the authors' GP-Tree code uses zero means for every GP (GPyTorch's ``ConstantMean``,
+    initialized to 0 and not trained by Gibbs; GP_Tree/kernel_class.py, gp_model_gibbs.py), so
+    the SBM-GP row of Table 1 is taken to be zero-mean too. Checked against NUTS on the
+    stick-breaking model in ``tests/ppl_cl/learners/test_sbm_gp_nuts.py``."""
 
     learner_name = "sbm-gp"
     config_cls = SBMGPConfig

@@ -133,3 +133,114 @@ def test_gptree_classes_on_cub_features_miniature(tmp_data_root):
         "dataset": "cub", "class_counts": "[3]", "seeds": "1", "train_per_class": "6",
         "vi": "false", "chain_counts": "[]", "methods": "gptree,sbm"})
     assert m["summary"]["dataset"] == "cub" and m["summary"]["acc_gptree_3"] > 60.0
+
+
+def test_table1_claims_are_registered_and_check_orderings():
+    spec = get("gptree-classes")
+    texts = [c.text for c in spec.claims]
+    assert any("GP-Tree > SBM-GP at 26" in t for t in texts)
+    assert any("GP-Tree > GP-Tree Rnd. at 4" in t for t in texts)
+    order = [c for c in spec.claims if c.keys == ("acc_gptree_26", "acc_lsm_26", "acc_sbm_26")]
+    assert len(order) == 1
+    assert order[0].check({"acc_gptree_26": 71.5, "acc_lsm_26": 68.0, "acc_sbm_26": 67.9})
+    assert not order[0].check({"acc_gptree_26": 71.5, "acc_lsm_26": 61.7, "acc_sbm_26": 68.0})
+    assert order[0].check({"acc_gptree_26": 71.5}) is None
+
+
+def test_validation_split_is_stratified_and_disjoint():
+    from ppl_cl.experiments.gp_tree import _validation_split
+
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1, 2], [10, 7, 4])
+    x = np.arange(y.size, dtype=float)[:, None]
+    xt, yt, xv, yv = _validation_split(x, y, 0.5, rng)
+    assert sorted(np.concatenate([xt, xv])[:, 0].tolist()) == list(range(y.size))
+    assert [int((yv == c).sum()) for c in range(3)] == [5, 4, 2]       # round(0.5 n) per class
+    with pytest.raises(ValueError, match="val_fraction"):
+        _validation_split(x[:1], y[:1], 0.5, rng)
+
+
+def test_grid_row_keeps_the_best_validation_cell_and_reports_its_test_accuracy():
+    """App. C.1's selection on a toy: every cell fitted, the first cell with the highest
+    validation accuracy kept, its test accuracy reported (recomputed here cell by cell)."""
+    from ppl_cl import Batch
+    from ppl_cl.experiments.gp_tree import (GPTreeClassesConfig, _classes_learner, _grid_row)
+
+    rng = np.random.default_rng(1)
+    centres = np.array([[1.0, 0.2, 0.0], [0.2, 1.0, 0.1], [0.0, 0.3, 1.0]])
+
+    def draw(n):
+        y = np.repeat(np.arange(3), n)
+        return np.abs(centres[y] + 0.45 * rng.normal(size=(y.size, 3))), y
+
+    xs, ys = draw(8)
+    xt, yt = draw(6)
+    xv, yv = draw(6)
+    config = GPTreeClassesConfig(grid=True, grid_outputscales=(1.0, 9.0), num_steps=1,
+                                 chains_small=4, learner=GPTreeConfig(
+                                     num_steps=1, predict="mean", num_chains=4, kmeans_n_init=3))
+    data = (xs, ys, xt, yt, xv, yv)
+    for method in ("gptree", "lsm"):
+        acc, cell, acc_val = _grid_row(method, 3, config, 0, data)
+        val, test = [], []
+        for c in config.grid_cells():
+            learner = _classes_learner(method, 3, config, 0, c)
+            learner.update(Batch(xs, ys))
+            val.append(100.0 * learner.predict(xv).accuracy(yv))
+            test.append(100.0 * learner.predict(xt).accuracy(yt))
+        best = int(np.argmax(val))
+        assert cell == config.grid_cells()[best] and acc_val == val[best] and acc == test[best]
+
+
+def test_gptree_classes_grid_on_cub_features_miniature(tmp_data_root):
+    """``grid=true`` end to end (no real data needed): each Table 1 method's selected cell,
+    the linear-kernel share and the test accuracies of the selected cells."""
+    _cub_miniature(tmp_data_root)
+    m = run_experiment("gptree-classes", out=tmp_data_root / "run", overrides={
+        "dataset": "cub", "class_counts": "[3]", "seeds": "2", "train_per_class": "6",
+        "vi": "false", "chain_counts": "[2]", "methods": "gptree,sbm,lsm,ove", "grid": "true",
+        "grid_outputscales": "[1, 9]"})
+    s, sel = m["summary"], m["selected"]
+    assert s["grid"] is True
+    for method in ("gptree", "sbm", "lsm", "ove"):
+        assert 0.0 <= s[f"acc_{method}_3"] <= 100.0
+        assert 0.0 <= s[f"linear_share_{method}_3"] <= 1.0
+        assert len(sel[method]["3"]) == 2                            # one choice per seed
+        for kernel, scale, acc_val in sel[method]["3"]:
+            assert kernel in ("linear", "rbf") and scale in (1.0, 9.0) and 0 <= acc_val <= 100
+    assert 0.0 <= s["acc_gptree_chains2_3"] <= 100.0
+    assert "kernel" in (tmp_data_root / "run" / "progress.log").read_text()
+
+
+def test_gptree_classes_resumes_after_a_stop(tmp_data_root, monkeypatch):
+    """A run stopped in its second seed and resumed (``--resume``) gives the metrics of an
+    uninterrupted run: each finished seed is checkpointed (a full grid run takes hours)."""
+    import ppl_cl.experiments.gp_tree as exp
+
+    _cub_miniature(tmp_data_root)
+    over = {"dataset": "cub", "class_counts": "[3]", "seeds": "2", "train_per_class": "6",
+            "vi": "false", "chain_counts": "[]", "methods": "gptree,lsm", "grid": "true",
+            "grid_outputscales": "[1, 9]"}
+    whole = run_experiment("gptree-classes", out=tmp_data_root / "whole", overrides=over)
+    real = exp._grid_row
+
+    def stop_in_second_seed(*args, **kwargs):
+        if args[3] == 1:                                  # the seed argument
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(exp, "_grid_row", stop_in_second_seed)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment("gptree-classes", out=tmp_data_root / "cut", overrides=over)
+    seeds_fitted = []
+
+    def record(*args, **kwargs):
+        seeds_fitted.append(args[3])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(exp, "_grid_row", record)
+    resumed = run_experiment("gptree-classes", out=tmp_data_root / "cut", overrides=over,
+                             resume=True)
+    assert set(seeds_fitted) == {1}                       # seed 0 came from its checkpoint
+    assert resumed["summary"] == whole["summary"] and resumed["selected"] == whole["selected"]
+    assert "resume" in (tmp_data_root / "cut" / "progress.log").read_text()
