@@ -93,7 +93,10 @@ class GPTreeClassesConfig:
     L2-normalized features with the fixed output scale 8 and lengthscale 1 of the paper's Gibbs
     nodes (App. C.3) for every method (the paper's grid over kernels and output scales was not
     run). ``vi`` adds GP-Tree fitted by PG-VI (Fig. 4a); ``chain_counts`` adds GP-Tree with
-    that many chains (Fig. 4b)."""
+    that many chains (Fig. 4b). ArviZ files (:func:`write_posteriors`): every Gibbs method
+    refitted on the first seed's draw of ``posterior_classes`` classes (0: the first of
+    ``class_counts``) with ``posterior_chains`` chains of ``posterior_sweeps`` sweeps
+    (``posterior_sweeps=0``: no files)."""
 
     dataset: str = "letter"
     class_counts: tuple[int, ...] = (4, 6, 8, 10, 20, 26)
@@ -108,6 +111,9 @@ class GPTreeClassesConfig:
     vi: bool = True
     vi_epochs: int = 30
     chain_counts: tuple[int, ...] = (1, 4)
+    posterior_classes: int = 0
+    posterior_sweeps: int = 50
+    posterior_chains: int = 4
     learner: GPTreeConfig = field(default_factory=lambda: GPTreeConfig(
         num_steps=1, predict="mean", num_chains=20))
 
@@ -123,14 +129,17 @@ def _fit_score(learner, xs, ys, xt, yt) -> float:
     return 100.0 * learner.predict(xt).accuracy(yt)
 
 
-def _classes_row(method: str, C: int, config: GPTreeClassesConfig, seed: int, data) -> float:
+def _classes_learner(method: str, C: int, config: GPTreeClassesConfig, seed: int,
+                     num_steps: int | None = None, num_chains: int | None = None):
+    """The learner of ``method`` for a draw of ``C`` classes (App. C.1's chains and sweeps, or
+    ``num_steps`` / ``num_chains`` when given)."""
     from ppl_cl.learners.gp_tree import GPTree, SBMGP
     from ppl_cl.learners.pg_baselines import LSMGibbsClassifier, OVEGibbsClassifier
 
-    xs, ys, xt, yt = data
     lc = config.learner
-    chains = config.chains_small if C <= 20 else config.chains_large
-    common = dict(seed=seed, num_steps=config.num_steps)
+    steps = config.num_steps if num_steps is None else num_steps
+    chains = num_chains or (config.chains_small if C <= 20 else config.chains_large)
+    common = dict(seed=seed, num_steps=steps)
     if method in ("gptree", "gptree_rnd", "sbm"):
         tree = {"gptree": "kmeans", "gptree_rnd": "random", "sbm": "chain"}[method]
         klass = SBMGP if method == "sbm" else GPTree
@@ -138,22 +147,57 @@ def _classes_row(method: str, C: int, config: GPTreeClassesConfig, seed: int, da
         if method == "sbm":
             from ppl_cl.configs.gp_tree import SBMGPConfig
             cfg = SBMGPConfig(**{**cfg.__dict__, "tree": "chain"})
-        return _fit_score(klass(cfg), xs, ys, xt, yt)
+        return klass(cfg)
     if method.startswith("gptree_chains"):
         k = int(method[len("gptree_chains"):])
-        return _fit_score(GPTree(lc.replace(num_chains=k, **common)), xs, ys, xt, yt)
+        return GPTree(lc.replace(num_chains=k, **common))
     if method == "gptree_vi":
-        cfg = lc.replace(inference="vi", epochs=config.vi_epochs, pretrain_epochs=0,
-                         milestones=(config.vi_epochs,), seed=seed)
-        return _fit_score(GPTree(cfg), xs, ys, xt, yt)
+        return GPTree(lc.replace(inference="vi", epochs=config.vi_epochs, pretrain_epochs=0,
+                                 milestones=(config.vi_epochs,), seed=seed))
     kern = dict(kernel=lc.kernel, outputscale=lc.gibbs_outputscale, lengthscale=lc.lengthscale,
-                jitter=lc.gibbs_jitter, num_steps=config.num_steps, seed=seed, dtype=lc.dtype,
+                jitter=lc.gibbs_jitter, num_steps=steps, seed=seed, dtype=lc.dtype,
                 device=lc.device, predict="mean" if lc.predict == "mean" else "mc")
     if method == "lsm":
-        return _fit_score(LSMGibbsClassifier(num_chains=chains, **kern), xs, ys, xt, yt)
+        return LSMGibbsClassifier(num_chains=chains, **kern)
     if method == "ove":
-        return _fit_score(OVEGibbsClassifier(num_chains=_ove_chains(C), **kern), xs, ys, xt, yt)
+        return OVEGibbsClassifier(num_chains=num_chains or _ove_chains(C), **kern)
     raise ValueError(f"methods: unknown method {method!r}")
+
+
+def _classes_row(method: str, C: int, config: GPTreeClassesConfig, seed: int, data) -> float:
+    xs, ys, xt, yt = data
+    return _fit_score(_classes_learner(method, C, config, seed), xs, ys, xt, yt)
+
+
+#: the Gibbs methods whose chains ``gptree-classes`` writes to ``posterior_<method>.nc``
+GIBBS_METHODS = ("gptree", "gptree_rnd", "sbm", "lsm", "ove")
+
+
+def write_posteriors(config: GPTreeClassesConfig, ctx: RunContext, data, C: int) -> list[str]:
+    """``posterior_<method>.nc`` of every Gibbs method of the run, each fitted once more on
+    ``data`` (the first seed's draw of ``C`` classes) with ``posterior_chains`` chains of
+    ``posterior_sweeps`` sweeps: the Table 1 protocol's single sweep gives one draw per chain,
+    too few for r_hat and ESS. Each file holds every chain (``sample_stats`` included) and the
+    pointwise log likelihood of the same training points, so ``az.loo`` / ``az.compare`` work
+    across the methods. Returns the file names."""
+    xs, ys, _, _ = data
+    names = []
+    for m in [m for m in config.methods if m in GIBBS_METHODS]:
+        if m == "ove" and C > config.ove_max_classes:
+            continue
+        learner = _classes_learner(m, C, config, ctx.seed, num_steps=config.posterior_sweeps,
+                                   num_chains=config.posterior_chains)
+        from ppl_cl import Batch
+        learner.update(Batch(xs, ys))
+        idata = (learner.to_inference_data() if m in ("lsm", "ove")
+                 else learner.to_inference_data(x=xs, y=ys))
+        idata.attrs.update({"experiment": "gptree-classes", "method": m, "classes": int(C)})
+        name = f"posterior_{m}.nc"
+        idata.to_netcdf(str(ctx.out_dir / name))
+        names.append(name)
+        ctx.log(f"{name}: {config.posterior_chains} chains x {config.posterior_sweeps} sweeps, "
+                f"{C} classes, {xs.shape[0]} training points")
+    return names
 
 
 def classes_figure(results: dict, class_counts, labels: dict[str, str]):
@@ -215,6 +259,10 @@ def run_gptree_classes(config: GPTreeClassesConfig, ctx: RunContext) -> dict:
                                     for k in config.chain_counts})
     config = GPTreeClassesConfig(**{**config.__dict__,
                                     "learner": config.learner.replace(device=ctx.device)})
+    posterior_C = config.posterior_classes or config.class_counts[0]
+    if posterior_C > available.size:
+        raise ValueError(f"posterior_classes: {posterior_C} classes requested, the data has "
+                         f"{available.size}")
     for seed in ctx.progress(range(config.seeds), desc="seeds"):
         for C in config.class_counts:
             if C > available.size:
@@ -233,6 +281,14 @@ def run_gptree_classes(config: GPTreeClassesConfig, ctx: RunContext) -> dict:
         (ctx.out_dir / "partial.json").write_text(json.dumps(
             {"seeds_done": seed + 1, "results": {m: {str(C): v for C, v in r.items()}
                                                  for m, r in results.items()}}, indent=1))
+    posteriors: list[str] = []
+    if config.posterior_sweeps:
+        # the first seed's draw of posterior_C classes, as the loop above drew it
+        rng = np.random.default_rng(1000 * ctx.seed + posterior_C)
+        classes = np.sort(rng.choice(available, posterior_C, replace=False))
+        data = _class_subset(xtr, ytr, xte, yte, classes, config.train_per_class,
+                             config.test_per_class, rng)
+        posteriors = write_posteriors(config, ctx, data, posterior_C)
     summary: dict = {"dataset": config.dataset, "seeds": config.seeds,
                      "train_per_class": config.train_per_class}
     for m in methods:
@@ -243,7 +299,7 @@ def run_gptree_classes(config: GPTreeClassesConfig, ctx: RunContext) -> dict:
                 summary[f"sem_{m}_{C}"] = float(np.std(v, ddof=1) / math.sqrt(len(v))) \
                     if len(v) > 1 else 0.0
     ctx.savefig(classes_figure(results, config.class_counts, labels), "accuracy_vs_classes")
-    return {"summary": summary,
+    return {"summary": summary, "posterior_files": posteriors,
             "per_seed": {m: {str(C): v for C, v in r.items()} for m, r in results.items()},
             "units": "test accuracy in percent; sem = standard error of the mean over seeds"}
 
