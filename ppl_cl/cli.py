@@ -100,8 +100,12 @@ def _cmd_run(args) -> int:
                              resume=args.resume, checkpoint_every_s=args.checkpoint_every,
                              force=args.force)
     print(json.dumps(metrics["summary"], indent=2, default=str))
-    print(f"wrote {args.out or 'runs/' + args.name}/metrics.json "
-          f"({metrics['wall_time_s']:.1f} s)", file=sys.stderr)
+    out = args.out or "runs/" + args.name
+    if metrics.get("already_finished"):
+        print(f"ppl-cl: {out} holds a finished run of these settings: nothing to resume, "
+              "nothing retrained (--force retrains it)", file=sys.stderr)
+    else:
+        print(f"wrote {out}/metrics.json ({metrics['wall_time_s']:.1f} s)", file=sys.stderr)
     return 0
 
 
@@ -143,6 +147,10 @@ def _cmd_compare(args) -> int:
                                             if n.strip()])
     seeds = args.seeds or [0]
     base = Path(args.out or f"runs/compare-{args.stream}")
+    if len(seeds) > 1:
+        from ppl_cl.persist import make_folder
+
+        make_folder(base)
     results = []
     for seed in seeds:
         out = base if len(seeds) == 1 else base / f"seed-{seed}"
@@ -164,8 +172,14 @@ def _cmd_compare(args) -> int:
 def _cmd_report(args) -> int:
     from ppl_cl.experiments.reproduce import collect
 
+    notes = None
+    if args.notes is not None:
+        try:
+            notes = Path(args.notes).read_text()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"--notes {args.notes}: cannot read the file "
+                              f"({getattr(err, 'strerror', None) or err})") from None
     try:
-        notes = None if args.notes is None else Path(args.notes).read_text()
         collect(args.run_dirs, args.out, notes=notes)
     except (FileNotFoundError, ValueError) as err:
         raise ConfigError(str(err)) from err
@@ -227,9 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="progress bars (default: when stderr is a terminal)")
         sp.add_argument("--resume", action="store_true",
                         help="continue a stopped run from the checkpoints in its run folder "
-                             "(same experiment, seed and settings)")
+                             "(same experiment, seed and settings; a finished run is left as "
+                             "it is)")
         sp.add_argument("--force", action="store_true",
-                        help="replace a finished run in the output folder")
+                        help="replace a finished run in the output folder (with --resume: "
+                             "retrain it from the start)")
         sp.add_argument("--threads", type=int, default=None, metavar="N",
                         help="threads for torch, JAX and BLAS (default 1, or OMP_NUM_THREADS "
                              "when set: safe beside other jobs; more only on a machine kept "
@@ -326,6 +342,21 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated(signal.Signals(signum).name)
 
 
+def _check_args(args) -> None:
+    """What can be checked before any work or any folder: seeds in range and an existing
+    ``--data-dir``, each error naming its option (:class:`ConfigError`)."""
+    from ppl_cl.seeding import check_seed
+
+    if getattr(args, "seed", None) is not None:
+        check_seed(args.seed, "--seed")
+    for seed in getattr(args, "seeds", None) or []:
+        check_seed(seed, "--seeds")
+    data_dir = getattr(args, "data_dir", None)
+    if data_dir is not None and not Path(data_dir).expanduser().is_dir():
+        what = "is not a folder" if Path(data_dir).expanduser().exists() else "no such folder"
+        raise ConfigError(f"--data-dir {data_dir}: {what}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one ``ppl-cl`` command; returns the exit status.
 
@@ -344,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if catch else None
     try:
+        _check_args(args)
         if running:
             _set_threads(args.threads)
         return handlers[args.cmd](args)

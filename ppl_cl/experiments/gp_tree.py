@@ -389,7 +389,9 @@ def run_gptree_dkl_mnist(config: GPTreeDKLMNISTConfig, ctx: RunContext) -> dict:
     lc = config.learner.replace(seed=ctx.seed, device=ctx.device)
     t0 = time.perf_counter()
     gp = GPTree(lc)
-    rec = gp.update(Batch(xtr, ytr))
+    rec = gp.update(Batch(xtr, ytr), on_epoch=lambda phase, e, loss: ctx.log(
+        f"GP-Tree DKL: epoch {e}/{lc.epochs} ({phase}), loss {loss:.4f}, "
+        f"{time.perf_counter() - t0:.0f} s"))
     acc_gp = 100.0 * gp.predict(xte).accuracy(yte)
     t_gp = time.perf_counter() - t0
     ctx.log(f"GP-Tree DKL: {acc_gp:.2f}% ({t_gp:.0f} s)")
@@ -548,7 +550,8 @@ def run_gptree_fscil(config: GPTreeFSCILConfig, ctx: RunContext) -> dict:
         groups = _session_groups(sessions)
         lc = config.learner.replace(seed=seed, device=ctx.device)
         base = GPTree(lc)
-        base.update(sessions[0].train)
+        base.update(sessions[0].train, on_epoch=lambda phase, e, loss, run=run: ctx.log(
+            f"run {run} base session: epoch {e}/{lc.epochs} ({phase}), loss {loss:.4f}"))
         base_state = base.state_dict()
         for v in config.variants:
             learner = GPTree(lc.replace(fscil_tree=v))
@@ -559,6 +562,8 @@ def run_gptree_fscil(config: GPTreeFSCILConfig, ctx: RunContext) -> dict:
                     learner.update(task.train)
                 pred = learner.predict(task.test.x)
                 accs.append(100.0 * pred.accuracy(task.test.y))
+                ctx.log(f"run {run} {v}: session {s + 1}/{len(sessions)}: accuracy "
+                        f"{accs[-1]:.1f} %")
                 R[s, :s + 1] = _group_accuracy(pred, np.asarray(task.test.y), groups[:s + 1])
             curves[v].append(accs)
             forget[v].append([forgetting(R[:k + 1, :k + 1]) for k in range(1, len(sessions))])

@@ -83,6 +83,16 @@ class ExactGP(Learner):
         return {"variance": np.asarray(k.variance), "lengthscale": np.asarray(k.lengthscale),
                 "noise_variance": np.asarray(self._params.noise_variance)}
 
+    def leave_one_out(self) -> np.ndarray:
+        """Closed-form leave-one-out log predictive of every training point, ``(n,)``
+        (Rasmussen & Williams 2006, eq. 5.12; :func:`models.exact_gp.leave_one_out`): what
+        ``az.loo`` of :meth:`to_inference_data` estimates by importance sampling."""
+        from models.exact_gp import leave_one_out
+
+        if self._posterior is None:
+            raise self._not_fitted("leave_one_out()")
+        return np.asarray(leave_one_out(self._posterior))
+
     def log_marginal_likelihood(self) -> float:
         """``log p(y | X, theta)`` of all data seen, at the current hyperparameters."""
         import jax.numpy as jnp

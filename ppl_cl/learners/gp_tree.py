@@ -241,7 +241,7 @@ class GPTree(Learner):
 
     # -- VI / DKL base session -------------------------------------------------------------------
     def _fit_vi(self, x: torch.Tensor, y: np.ndarray, classes: tuple[int, ...],
-                g: torch.Generator) -> dict[str, Any]:
+                g: torch.Generator, on_epoch=None) -> dict[str, Any]:
         c = self.config
         record: dict[str, Any] = {}
         with torch.random.fork_rng(devices=[]):
@@ -283,6 +283,8 @@ class GPTree(Learner):
                     tot += float(loss.detach()) * idx.numel()
                 sched.step()
                 losses.append(tot / N)
+                if on_epoch is not None:
+                    on_epoch("pre-training", len(losses), losses[-1])
             lr_now = sched.get_last_lr()[0]
         else:
             lr_now = lr
@@ -352,6 +354,8 @@ class GPTree(Learner):
                 count += idx.numel()
             sched.step()
             gp_losses.append(tot / max(count, 1))
+            if on_epoch is not None:
+                on_epoch("GP-Tree", len(losses) + len(gp_losses), gp_losses[-1])
         nodes = {}
         for i in internal:
             nodes[i] = {"kind": "vi", "eta": states[i].eta.detach(), "H": states[i].H.detach(),
@@ -366,12 +370,15 @@ class GPTree(Learner):
                 "exemplar_labels": torch.as_tensor(ex_y, device=self.device)}
 
     # -- the protocol ----------------------------------------------------------------------------
-    def update(self, batch: Batch, *, classes=None) -> dict[str, Any]:
+    def update(self, batch: Batch, *, classes=None, on_epoch=None) -> dict[str, Any]:
         """Base session (first call) or novel session (later calls); see the module docstring.
 
         Args:
             batch: ``x (n, d)``, integer labels ``y (n,)`` (global class ids >= 0).
             classes: optional declared classes of the session: each must have examples.
+            on_epoch: ``on_epoch(phase, epoch, loss)`` after every epoch of a VI base session
+                (``phase`` ``"pre-training"``: cross-entropy; ``"GP-Tree"``: the per-node
+                negative ELBO), e.g. a progress log line.
 
         Returns:
             ``session``, ``classes``, ``nodes_fitted``, ``tree_depth``, ``wall_time_s`` (and
@@ -394,7 +401,7 @@ class GPTree(Learner):
                        "backbone": None, "record": {}, "exemplars": self._tensor(ex),
                        "exemplar_labels": torch.as_tensor(ex_y, device=self.device)}
             else:
-                new = self._fit_vi(x, y, present, g)
+                new = self._fit_vi(x, y, present, g, on_epoch=on_epoch)
             # commit
             self.tree = self.base_tree = new["tree"]
             self.nodes = dict(new["nodes"])

@@ -168,6 +168,7 @@ def test_loo_of_the_training_data_matches_the_closed_form_gp_loo():
     mu = y - (K_inv @ y) * s2
     exact_i = -0.5 * np.log(2 * np.pi * s2) - 0.5 * (y - mu) ** 2 / s2
     exact = float(exact_i.sum())
+    np.testing.assert_allclose(gp.leave_one_out(), exact_i, rtol=1e-8)   # the learner's own
     assert abs(loo.elpd_loo - exact) <= loo.se
     w = np.exp(-idata.log_likelihood["y"].values.reshape(S, n))
     mc_sd = float(np.sum(w.std(axis=0) / (math.sqrt(S) * w.mean(axis=0))))
