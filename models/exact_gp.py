@@ -35,7 +35,8 @@ from models.kernels_jax import Kernel
 from models.linalg_jax import jitter_cholesky
 
 __all__ = ["GPRegressionParams", "gp_regression_model", "log_marginal_likelihood",
-           "negative_log_marginal_likelihood", "posterior_predictive", "GPPosterior", "condition"]
+           "negative_log_marginal_likelihood", "posterior_predictive", "GPPosterior", "condition",
+           "leave_one_out"]
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -80,6 +81,21 @@ def condition(params: GPRegressionParams, X: Array, y: Array) -> GPPosterior:
     L = jitter_cholesky(K_y, name="K + noise I")
     alpha = solve_triangular(L.T, solve_triangular(L, y, lower=True), lower=False)
     return GPPosterior(X, L, alpha)
+
+
+def leave_one_out(posterior: GPPosterior) -> Array:
+    """Pointwise leave-one-out log predictive ``log p(y_i | X, y_-i, theta)``, ``(n,)``
+    (Rasmussen & Williams 2006, eqs. 5.10-5.12): with ``K_y = K + sigma^2 I``,
+
+        mu_i = y_i - [K_y^-1 y]_i / [K_y^-1]_ii,    s_i^2 = 1 / [K_y^-1]_ii,
+        log p = -log(2 pi s_i^2) / 2 - (y_i - mu_i)^2 / (2 s_i^2)
+              = -log(2 pi) / 2 + log [K_y^-1]_ii / 2 - alpha_i^2 / (2 [K_y^-1]_ii),
+
+    ``alpha = K_y^-1 y``; ``[K_y^-1]_ii`` is the squared norm of column i of ``L^-1``."""
+    n = posterior.L.shape[0]
+    L_inv = solve_triangular(posterior.L, jnp.eye(n, dtype=posterior.L.dtype), lower=True)
+    k_ii = jnp.sum(L_inv**2, axis=0)
+    return -0.5 * jnp.log(2 * jnp.pi) + 0.5 * jnp.log(k_ii) - 0.5 * posterior.alpha**2 / k_ii
 
 
 def log_marginal_likelihood(params: GPRegressionParams, X: Array, y: Array) -> Array:

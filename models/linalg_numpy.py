@@ -25,8 +25,10 @@ class JitterWarning(UserWarning):
 
 
 def jitter_cholesky(A: np.ndarray, *, name: str = "matrix", jitter: float = 1e-10,
-                    max_tries: int = 5, factor: float = 10.0) -> np.ndarray:
-    """Lower Cholesky factor of a (batch of) symmetric PSD matrix ``A: (..., n, n)``."""
+                    max_tries: int = 5, factor: float = 10.0, warn: bool = True) -> np.ndarray:
+    """Lower Cholesky factor of a (batch of) symmetric PSD matrix ``A: (..., n, n)``;
+    ``warn=False`` for matrices singular to rounding by construction (the posterior covariance
+    of a GP at many inputs), whose jitter is expected."""
     diag = np.abs(np.diagonal(A, axis1=-2, axis2=-1))
     scale = np.maximum(diag.mean(axis=-1), np.finfo(np.float64).tiny)[..., None, None]
     eye = np.eye(A.shape[-1])
@@ -39,6 +41,7 @@ def jitter_cholesky(A: np.ndarray, *, name: str = "matrix", jitter: float = 1e-1
 
     return escalate(A, factorize=factorize, shifted=lambda j: A + j * scale * eye, base=jitter,
                     factor=factor, max_tries=max_tries, name=f"{name} {A.shape}",
-                    scale=float(np.mean(scale)), warning=JitterWarning, error=CholeskyError,
+                    scale=float(np.mean(scale)), warning=JitterWarning if warn else None,
+                    error=CholeskyError,
                     detail=lambda: f"; smallest eigenvalue {float(np.linalg.eigvalsh(A).min()):.3g}"
                                    " (expected a positive semi-definite matrix)")

@@ -22,7 +22,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -43,38 +42,27 @@ def _parse_sets(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-#: where running ``ppl-cl run`` / ``reproduce`` processes leave their pid (thread budget)
-_RUNS_DIR = Path(tempfile.gettempdir()) / "ppl_cl-runs"
+def _default_threads() -> int:
+    """The thread count of a run without ``--threads``: ``OMP_NUM_THREADS`` when the user set
+    it, else 1. Not the libraries' defaults (one thread per core): beside any other busy
+    process, torch / XLA / BLAS threads that wait on each other at every parallel region slow
+    a run down far more than in proportion (``vargp-split-digits --quick`` beside one busy core
+    of two: 12 s with one thread, not finished after 150 s with two), while these small
+    problems gain little from a second thread on an idle machine; a rule reading the load
+    average would see the other job late (it is a one-minute average) and not the jobs that
+    start after this run."""
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) >= 1:
+        return int(env)
+    return 1
 
 
-def _other_runs() -> int:
-    """How many other ``ppl-cl`` runs are alive on this machine (their pid files)."""
-    n = 0
-    for f in _RUNS_DIR.glob("*.pid") if _RUNS_DIR.is_dir() else []:
-        try:
-            pid = int(f.stem)
-            os.kill(pid, 0)
-        except (ValueError, ProcessLookupError):
-            f.unlink(missing_ok=True)
-            continue
-        except PermissionError:
-            pass
-        if pid != os.getpid():
-            n += 1
-    return n
-
-
-def _set_threads(threads: int | None) -> int | None:
+def _set_threads(threads: int | None) -> int:
     """One thread budget for torch, JAX / XLA and BLAS in this process, set before they load:
-    ``--threads N``; else, when ``OMP_NUM_THREADS`` is unset and another ``ppl-cl`` run shares
-    the machine, 1 (two processes with 2 threads each on 2 cores run about 20x slower, not
-    2x). Returns the number set (None: the libraries' defaults)."""
+    ``--threads N``, else :func:`_default_threads` (1 unless ``OMP_NUM_THREADS`` says more).
+    Returns the number set."""
     if threads is None:
-        if os.environ.get("OMP_NUM_THREADS") or not _other_runs():
-            return None
-        threads = 1
-        print("ppl-cl: another ppl-cl run shares this machine: using 1 thread "
-              "(--threads N to choose)", file=sys.stderr)
+        threads = _default_threads()
     if threads < 1:
         raise ConfigError(f"--threads: expected an int >= 1, received {threads}")
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -82,7 +70,7 @@ def _set_threads(threads: int | None) -> int | None:
     flags = os.environ.get("XLA_FLAGS", "")
     if "intra_op_parallelism_threads" not in flags:
         extra = f"intra_op_parallelism_threads={threads}"
-        if threads == 1:
+        if threads == 1 and "xla_cpu_multi_thread_eigen" not in flags:
             extra = "--xla_cpu_multi_thread_eigen=false " + extra
         os.environ["XLA_FLAGS"] = (flags + " " + extra).strip()
     if "torch" in sys.modules:     # torch reads OMP_NUM_THREADS only when it loads
@@ -112,8 +100,12 @@ def _cmd_run(args) -> int:
                              resume=args.resume, checkpoint_every_s=args.checkpoint_every,
                              force=args.force)
     print(json.dumps(metrics["summary"], indent=2, default=str))
-    print(f"wrote {args.out or 'runs/' + args.name}/metrics.json "
-          f"({metrics['wall_time_s']:.1f} s)", file=sys.stderr)
+    out = args.out or "runs/" + args.name
+    if metrics.get("already_finished"):
+        print(f"ppl-cl: {out} holds a finished run of these settings: nothing to resume, "
+              "nothing retrained (--force retrains it)", file=sys.stderr)
+    else:
+        print(f"wrote {out}/metrics.json ({metrics['wall_time_s']:.1f} s)", file=sys.stderr)
     return 0
 
 
@@ -155,6 +147,10 @@ def _cmd_compare(args) -> int:
                                             if n.strip()])
     seeds = args.seeds or [0]
     base = Path(args.out or f"runs/compare-{args.stream}")
+    if len(seeds) > 1:
+        from ppl_cl.persist import make_folder
+
+        make_folder(base)
     results = []
     for seed in seeds:
         out = base if len(seeds) == 1 else base / f"seed-{seed}"
@@ -179,8 +175,14 @@ def _cmd_report(args) -> int:
 
     if args.label is not None and args.save is None:
         raise ConfigError("--label: only with --save")
+    notes = None
+    if args.notes is not None:
+        try:
+            notes = Path(args.notes).read_text()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"--notes {args.notes}: cannot read the file "
+                              f"({getattr(err, 'strerror', None) or err})") from None
     try:
-        notes = None if args.notes is None else Path(args.notes).read_text()
         collect(args.run_dirs, args.out, notes=notes)
         if args.save is not None:
             entry_label = args.label
@@ -260,13 +262,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="progress bars (default: when stderr is a terminal)")
         sp.add_argument("--resume", action="store_true",
                         help="continue a stopped run from the checkpoints in its run folder "
-                             "(same experiment, seed and settings)")
+                             "(same experiment, seed and settings; a finished run is left as "
+                             "it is)")
         sp.add_argument("--force", action="store_true",
-                        help="replace a finished run in the output folder")
+                        help="replace a finished run in the output folder (with --resume: "
+                             "retrain it from the start)")
         sp.add_argument("--threads", type=int, default=None, metavar="N",
-                        help="threads for torch, JAX and BLAS (default: the libraries' own, or "
-                             "1 when another ppl-cl run shares the machine and OMP_NUM_THREADS "
-                             "is unset)")
+                        help="threads for torch, JAX and BLAS (default 1, or OMP_NUM_THREADS "
+                             "when set: safe beside other jobs; more only on a machine kept "
+                             "free for this run)")
         sp.add_argument("--checkpoint-every", type=float, default=600.0, metavar="SECONDS",
                         help="seconds between the snapshots saved within a long unit of work "
                              "(a VAR-GP task), which --resume continues from (default 600)")
@@ -370,6 +374,21 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated(signal.Signals(signum).name)
 
 
+def _check_args(args) -> None:
+    """What can be checked before any work or any folder: seeds in range and an existing
+    ``--data-dir``, each error naming its option (:class:`ConfigError`)."""
+    from ppl_cl.seeding import check_seed
+
+    if getattr(args, "seed", None) is not None:
+        check_seed(args.seed, "--seed")
+    for seed in getattr(args, "seeds", None) or []:
+        check_seed(seed, "--seeds")
+    data_dir = getattr(args, "data_dir", None)
+    if data_dir is not None and not Path(data_dir).expanduser().is_dir():
+        what = "is not a folder" if Path(data_dir).expanduser().exists() else "no such folder"
+        raise ConfigError(f"--data-dir {data_dir}: {what}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one ``ppl-cl`` command; returns the exit status.
 
@@ -387,13 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     catch = (running or args.cmd == "sweep") and \
         threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if catch else None
-    pid_file = None
     try:
+        _check_args(args)
         if running:
             _set_threads(args.threads)
-            _RUNS_DIR.mkdir(parents=True, exist_ok=True)
-            pid_file = _RUNS_DIR / f"{os.getpid()}.pid"
-            pid_file.touch()
         return handlers[args.cmd](args)
     except Terminated as err:
         print(f"ppl-cl: terminated ({err})", file=sys.stderr)
@@ -417,8 +433,6 @@ def main(argv: list[str] | None = None) -> int:
               "traceback)", file=sys.stderr)
         return 1
     finally:
-        if pid_file is not None:
-            pid_file.unlink(missing_ok=True)
         if catch:
             signal.signal(signal.SIGTERM, previous)
 

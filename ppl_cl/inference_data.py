@@ -31,6 +31,19 @@ Group conventions
 
 Any group given as an ``xarray.Dataset`` is attached as is (after the same checks for sample
 groups); custom group names must be given this way (see :func:`trajectories_to_dataset`).
+
+What the learners write
+-----------------------
+* ``log_likelihood`` holds the data the posterior was conditioned on (the training points), so
+  that ``az.loo`` / ``az.waic`` estimate leave-one-out of those points; out-of-sample inputs go
+  to ``predictions`` (draws at the new inputs) and ``predictions_constant_data`` (the inputs).
+* Every file says how its draws were made in the ``sampling`` attribute (:func:`iid_attrs`,
+  :func:`mcmc_attrs`, :data:`POINT_ESTIMATE`). Exact, variational and filtered Gaussian
+  posteriors give **independent** draws: they are split into several chains
+  (:func:`default_chains`, :func:`split_chains`) so that ArviZ's shape checks pass; their
+  r_hat (about 1) and ESS (about the number of draws) check the draws, not a sampler. Gibbs
+  chains (GP-Tree, LSM, OVE) are real chains with ``sample_stats``: their r_hat and ESS are
+  the convergence diagnostics.
 """
 
 from __future__ import annotations
@@ -60,6 +73,11 @@ __all__ = [
     "gaussian_log_likelihood",
     "pointwise_log_likelihood",
     "trajectories_to_dataset",
+    "default_chains",
+    "split_chains",
+    "iid_attrs",
+    "mcmc_attrs",
+    "POINT_ESTIMATE",
 ]
 
 _POSTERIOR_FAMILY = ("posterior", "posterior_predictive", "predictions", "sample_stats",
@@ -167,6 +185,68 @@ def _check_dataset_group(group: str, dataset: Any, shapes: _SampleShapes) -> Non
             raise ValueError(f"{where}: expected leading dimensions ('chain', 'draw'), received "
                              f"{tuple(da.dims)}")
         shapes.check(group, where, (int(da.shape[0]), int(da.shape[1])))
+
+
+# -- how the draws were made ------------------------------------------------------------------
+def default_chains(num_draws: int) -> int:
+    """The chains that ``num_draws`` independent draws are split into: the largest of 4, 3, 2
+    that divides ``num_draws`` into chains of at least 4 draws (what ArviZ's r_hat and ESS
+    need), else 1."""
+    for c in (4, 3, 2):
+        if num_draws % c == 0 and num_draws // c >= 4:
+            return c
+    return 1
+
+
+def _check_chains(num_draws: int, num_chains: int | None) -> int:
+    if not isinstance(num_draws, (int, np.integer)) or isinstance(num_draws, bool) \
+            or num_draws < 1:
+        raise ValueError(f"num_draws: expected an int >= 1, received {num_draws!r}")
+    if num_chains is None:
+        return default_chains(int(num_draws))
+    if not isinstance(num_chains, (int, np.integer)) or isinstance(num_chains, bool) \
+            or num_chains < 1:
+        raise ValueError(f"num_chains: expected an int >= 1, received {num_chains!r}")
+    if num_draws % num_chains:
+        raise ValueError(f"num_draws = {num_draws}: expected a multiple of num_chains = "
+                         f"{num_chains} (the draws are split into equal chains)")
+    return int(num_chains)
+
+
+def split_chains(draws: Mapping[str, Any], num_chains: int | None = None
+                 ) -> dict[str, np.ndarray]:
+    """Independent draws ``{name: (1, S, ...)}`` (one chain) as ``(num_chains, S /
+    num_chains, ...)``, in order (default :func:`default_chains` of ``S``). Only for draws that
+    are independent: splitting one Markov chain would fake its diagnostics."""
+    out: dict[str, np.ndarray] = {}
+    for name, value in draws.items():
+        arr = _to_numpy(value, f"draws[{name!r}]")
+        if arr.ndim < 2 or arr.shape[0] != 1:
+            raise ValueError(f"draws[{name!r}]: expected shape (1, draws, ...), received "
+                             f"{arr.shape}")
+        c = _check_chains(int(arr.shape[1]), num_chains)
+        out[name] = arr.reshape((c, arr.shape[1] // c) + arr.shape[2:])
+    return out
+
+
+def iid_attrs(posterior: str) -> dict[str, str]:
+    """The attributes of a file of independent draws from ``posterior`` (e.g. ``"exact
+    Gaussian posterior of GP regression"``)."""
+    return {"sampling": "independent draws", "posterior": posterior,
+            "chains": "independent draws split into chains: r_hat near 1 and ESS near the "
+                      "number of draws are expected (they check the draws, not a sampler)"}
+
+
+def mcmc_attrs(sampler: str, chains: str = "r_hat and ESS diagnose the sampler"
+               ) -> dict[str, str]:
+    """The attributes of a file of Markov chains from ``sampler`` (e.g. ``"Polya-Gamma block
+    Gibbs"``); ``chains`` says how they start and what was kept."""
+    return {"sampling": "markov chains", "posterior": sampler, "chains": chains}
+
+
+POINT_ESTIMATE = {"sampling": "point estimate",
+                  "chains": "one draw: no posterior, no diagnostics"}
+"""The attributes of a file holding a point estimate as its single draw."""
 
 
 def _arviz_major(az: Any) -> int:
@@ -281,6 +361,8 @@ def samples_to_inference_data(samples: Mapping[str, Any], *,
                               constant_data: Mapping[str, Any] | None = None,
                               sample_stats: Mapping[str, Any] | None = None,
                               trajectories: Mapping[str, Any] | Any | None = None,
+                              predictions: Mapping[str, Any] | Any | None = None,
+                              predictions_constant_data: Mapping[str, Any] | Any | None = None,
                               attrs: Mapping[str, Any] | None = None):
     """InferenceData of posterior draws (MCMC chains, Gibbs sweeps, draws of a Gaussian).
 
@@ -294,12 +376,16 @@ def samples_to_inference_data(samples: Mapping[str, Any], *,
         trajectories: ``{name: (T, ...)}`` or a Dataset of :func:`trajectories_to_dataset`,
             stored in the :data:`FILTERING_GROUP` group; a mapping uses ``dims`` / ``coords``
             (``coords["time"]`` labels the time axis).
+        predictions: ``{name: (chains, draws, ...)}`` or a Dataset: draws at out-of-sample
+            inputs (a Dataset when its variables share names, not dims, with the posterior's).
+        predictions_constant_data: ``{name: array}`` or a Dataset: those inputs.
     """
     if not isinstance(samples, Mapping) or not samples:
         raise ValueError("samples: expected a non-empty dict {name: (chains, draws, ...)}")
     groups: dict[str, Any] = {"posterior": samples, "log_likelihood": log_likelihood,
                               "sample_stats": sample_stats, "observed_data": observed_data,
-                              "constant_data": constant_data}
+                              "constant_data": constant_data, "predictions": predictions,
+                              "predictions_constant_data": predictions_constant_data}
     if trajectories is not None:
         import xarray as xr
 
@@ -313,8 +399,10 @@ def samples_to_inference_data(samples: Mapping[str, Any], *,
 # -- Gaussian posteriors -----------------------------------------------------------------------
 def gaussian_draws(mean: Mapping[str, Any], covariance: Mapping[str, Any] | None = None, *,
                    variance: Mapping[str, Any] | None = None, num_draws: int = 1000,
-                   seed: int | np.random.Generator = 0) -> dict[str, np.ndarray]:
-    """Draws from Gaussian posteriors, as one chain: ``{name: (1, num_draws, *mean.shape)}``.
+                   num_chains: int | None = 1, seed: int | np.random.Generator = 0,
+                   warn_jitter: bool = True) -> dict[str, np.ndarray]:
+    """Independent draws from Gaussian posteriors: ``{name: (num_chains, num_draws /
+    num_chains, *mean.shape)}`` (``num_chains=None``: :func:`default_chains`).
 
     For each variable ``x`` with mean ``mu`` (shape ``s``, size ``M``, last axis ``D``) exactly
     one of the following gives its covariance:
@@ -335,8 +423,13 @@ def gaussian_draws(mean: Mapping[str, Any], covariance: Mapping[str, Any] | None
         covariance: ``{name: Sigma}`` (symmetric PSD to the input's precision, i.e.
             ``max|S - S^T| <= sqrt(eps) max|S|``; symmetrized, jitter if needed).
         variance: ``{name: v}`` with ``v >= 0``.
-        num_draws: draws per variable (``>= 1``).
+        num_draws: draws per variable in all (``>= 1``).
+        num_chains: the chains they are split into, in order (a divisor of ``num_draws``;
+            ``None``: :func:`default_chains`). The draws themselves do not depend on it.
         seed: int or Generator.
+        warn_jitter: warn (:class:`JitterWarning`) when a covariance needs jitter; ``False``
+            for covariances singular to rounding by construction (a GP posterior at many
+            inputs: the jitter, at most 1e-6 x its mean diagonal, is expected).
     """
     if not isinstance(mean, Mapping) or not mean:
         raise ValueError("mean: expected a non-empty dict {name: array}")
@@ -346,8 +439,7 @@ def gaussian_draws(mean: Mapping[str, Any], covariance: Mapping[str, Any] | None
         if name not in mean:
             raise ValueError(f"covariance/variance: {name!r} has no entry in mean "
                              f"(names in mean: {list(mean)})")
-    if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
-        raise ValueError(f"num_draws: expected an int >= 1, received {num_draws!r}")
+    chains = _check_chains(num_draws, num_chains)
     # Check everything before drawing (clear errors before any work).
     plan: list[tuple[str, np.ndarray, str, np.ndarray]] = []
     for name, mu_in in mean.items():
@@ -400,15 +492,15 @@ def gaussian_draws(mean: Mapping[str, Any], covariance: Mapping[str, Any] | None
         if kind == "variance":
             x = mu + np.sqrt(C) * eps
         elif kind == "joint":
-            L = jitter_cholesky(C, name=f"covariance[{name!r}]")
+            L = jitter_cholesky(C, name=f"covariance[{name!r}]", warn=warn_jitter)
             x = mu + (eps.reshape(num_draws, -1) @ L.T).reshape((num_draws,) + mu.shape)
         else:
-            L = jitter_cholesky(C, name=f"covariance[{name!r}]")
+            L = jitter_cholesky(C, name=f"covariance[{name!r}]", warn=warn_jitter)
             if mu.ndim == 0:
                 x = mu + L[0, 0] * eps
             else:
                 x = mu + np.einsum("...ij,s...j->s...i", L, eps)
-        draws[name] = x[None]
+        draws[name] = x.reshape((chains, num_draws // chains) + mu.shape)
     return draws
 
 
@@ -420,7 +512,8 @@ def _broadcastable(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
 
 def gaussian_to_inference_data(mean: Mapping[str, Any], covariance: Mapping[str, Any] | None = None,
                                *, variance: Mapping[str, Any] | None = None,
-                               num_draws: int = 1000, seed: int | np.random.Generator = 0,
+                               num_draws: int = 1000, num_chains: int | None = None,
+                               seed: int | np.random.Generator = 0,
                                dims: Mapping[str, list[str]] | None = None,
                                coords: Mapping[str, Any] | None = None,
                                log_likelihood: Mapping[str, Any] | Callable | Any | None = None,
@@ -428,8 +521,13 @@ def gaussian_to_inference_data(mean: Mapping[str, Any], covariance: Mapping[str,
                                constant_data: Mapping[str, Any] | None = None,
                                sample_stats: Mapping[str, Any] | None = None,
                                trajectories: Mapping[str, Any] | Any | None = None,
+                               predictions: Mapping[str, Any] | Callable | Any | None = None,
+                               predictions_constant_data: Mapping[str, Any] | Any | None = None,
+                               posterior: str = "Gaussian posterior", warn_jitter: bool = True,
                                attrs: Mapping[str, Any] | None = None):
-    """InferenceData of ``num_draws`` draws (one chain) from Gaussian posteriors.
+    """InferenceData of ``num_draws`` independent draws from Gaussian posteriors, split into
+    ``num_chains`` chains (default :func:`default_chains`), with :func:`iid_attrs` of
+    ``posterior`` (what the Gaussian is) added to ``attrs``.
 
     For learners whose posterior is Gaussian: Kalman readout weights, GP inducing values, exact
     GP latent ``f``. See :func:`gaussian_draws` for ``mean`` / ``covariance`` / ``variance``.
@@ -438,6 +536,9 @@ def gaussian_to_inference_data(mean: Mapping[str, Any], covariance: Mapping[str,
         log_likelihood: a dict / Dataset as in :func:`samples_to_inference_data`, or a callable
             ``draws -> {name: (1, num_draws, n)}`` evaluated on the draws (e.g. with
             :func:`gaussian_log_likelihood`), so that ``az.loo`` sees the same draws.
+        predictions: as in :func:`samples_to_inference_data`, or a callable of the draws.
+        posterior: what the Gaussian is (the ``posterior`` attribute).
+        warn_jitter: as in :func:`gaussian_draws`.
         others: as in :func:`samples_to_inference_data`.
 
     Example (exact GP latent ``f`` at the training inputs, Gaussian noise ``s2``)::
@@ -447,13 +548,18 @@ def gaussian_to_inference_data(mean: Mapping[str, Any], covariance: Mapping[str,
             log_likelihood=lambda d: {"y": gaussian_log_likelihood(d["f"], y, s2)},
             observed_data={"y": y}, dims={"f": ["obs"], "y": ["obs"]})
     """
-    draws = gaussian_draws(mean, covariance, variance=variance, num_draws=num_draws, seed=seed)
+    draws = gaussian_draws(mean, covariance, variance=variance, num_draws=num_draws,
+                           num_chains=num_chains, seed=seed, warn_jitter=warn_jitter)
     if callable(log_likelihood):
         log_likelihood = log_likelihood(draws)
+    if callable(predictions):
+        predictions = predictions(draws)
     return samples_to_inference_data(draws, dims=dims, coords=coords,
                                      log_likelihood=log_likelihood, observed_data=observed_data,
                                      constant_data=constant_data, sample_stats=sample_stats,
-                                     trajectories=trajectories, attrs=attrs)
+                                     trajectories=trajectories, predictions=predictions,
+                                     predictions_constant_data=predictions_constant_data,
+                                     attrs={**iid_attrs(posterior), **dict(attrs or {})})
 
 
 # -- log-likelihood and trajectories -----------------------------------------------------------

@@ -28,10 +28,11 @@ from typing import Any
 import numpy as np
 
 from ppl_cl.batch import array_backend, as_numpy
+from ppl_cl.errors import ConfigError
 
 FORMAT_VERSION = 1
 __all__ = ["FORMAT_VERSION", "save_tree", "load_tree", "atomic_write_bytes", "atomic_write_text",
-           "CheckpointError"]
+           "make_folder", "CheckpointError"]
 
 
 class CheckpointError(RuntimeError):
@@ -166,3 +167,18 @@ def load_tree(path: str | os.PathLike, device: Any = None) -> tuple[Any, dict[st
     except KeyError as exc:
         raise CheckpointError(f"{path}: the checkpoint is corrupted (array {exc} missing)") \
             from exc
+
+
+def make_folder(path: str | Path, option: str = "--out") -> Path:
+    """Create the folder ``path`` (and its parents) or raise a :class:`ConfigError` naming
+    ``option``, the folder and why (a file in the way, no permission, a read-only file
+    system, ...)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{option}: expected a folder, received the file {path}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{option} {path}: cannot create the folder "
+                          f"({err.strerror or type(err).__name__})") from None
+    return path

@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import numpy as np
 
-__all__ = ["seed_everything", "jax_key", "as_generator"]
+from ppl_cl.errors import ConfigError
+
+__all__ = ["seed_everything", "jax_key", "as_generator", "check_seed", "MAX_SEED"]
+
+#: seeds are unsigned 32-bit integers (NumPy's legacy seed, JAX's PRNGKey)
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(seed: Any, option: str = "--seed") -> int:
+    """``seed`` as an int in ``0 .. 2**32 - 1``, else a :class:`ConfigError` naming
+    ``option``."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"{option}: expected an int in 0..{MAX_SEED} (2**32 - 1), received "
+                          f"{seed!r}")
+    return seed
 
 
 def seed_everything(seed: int) -> None:

@@ -170,9 +170,13 @@ def expand(names: Sequence[str], seeds: Sequence[int], grid: dict[str, list[str]
         raise ConfigError("sweep: name at least one experiment")
     if len(set(names)) != len(names):
         raise ConfigError(f"sweep: experiment named twice in {' '.join(names)}")
+    from ppl_cl.seeding import check_seed
+
     seeds = list(seeds)
     if not seeds:
         raise ConfigError("--seeds: give at least one seed")
+    for seed in seeds:
+        check_seed(seed, "--seeds")
     if len(set(seeds)) != len(seeds):
         raise ConfigError(f"--seeds: seed given twice in {' '.join(map(str, seeds))}")
     both = sorted(set(grid) & set(sets))
@@ -580,7 +584,9 @@ def sweep(names: Sequence[str], *, out: str | Path, seeds: Sequence[int] = (0,),
     out = Path(out).absolute()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: expected a folder, received the file {out}")
-    data_dir = None if data_dir is None else str(Path(data_dir).absolute())
+    if data_dir is not None and not Path(data_dir).expanduser().is_dir():
+        raise ConfigError(f"--data-dir {data_dir}: no such folder")
+    data_dir = None if data_dir is None else str(Path(data_dir).expanduser().absolute())
     runs = expand(names, seeds, grid, sets=sets, quick=quick, out=out)
     actions = plan(runs, force=force)
     if default_pool:   # said once the names and folders are known good
@@ -643,7 +649,9 @@ def sweep(names: Sequence[str], *, out: str | Path, seeds: Sequence[int] = (0,),
                  f"(log: {e['log']})")
         save()
 
-    out.mkdir(parents=True, exist_ok=True)
+    from ppl_cl.persist import make_folder
+
+    make_folder(out)
     save()
     try:
         if tasks:

@@ -18,13 +18,16 @@ field type), seeds everything, and writes into the run folder
   numbers/strings (the headline numbers), plus ``figures`` and ``wall_time_s``;
 * figures saved through ``ctx.savefig`` as PNG, and whatever else the experiment writes;
 * ``progress.log`` — one line per unit of work an experiment reports through ``ctx.log``
-  (e.g. each continual task: epochs, validation, accuracy, seconds), written as it happens, so
+  (e.g. each continual task: epochs, validation, accuracy, seconds) or iterates with
+  ``ctx.progress`` (each task, batch, seed, epoch; every twentieth of a long stream of
+  chunks), written as it happens, so
   that a long run can be followed with ``tail -f`` and a killed run leaves its record; a run
   that raises (missing data, non-finite loss, Ctrl-C, SIGTERM under ``ppl-cl``) ends it with a
   ``failed: ...``, ``interrupted`` or ``terminated (SIGTERM)`` line;
 * ``checkpoints/`` — per-unit state saved through ``ctx.save_checkpoint`` while the run is in
   progress; ``run_experiment(..., resume=True)`` (``ppl-cl run --resume``) continues a run
-  that was stopped from these, and they are removed once ``metrics.json`` is written.
+  that was stopped from these (refusing a folder of other settings, leaving a finished run as
+  it is), and they are removed once ``metrics.json`` is written.
 """
 
 from __future__ import annotations
@@ -41,13 +44,33 @@ from typing import Any, Callable
 
 from ppl_cl.configs import apply_overrides
 from ppl_cl.errors import ConfigError, DeviceError, Terminated
-from ppl_cl.persist import CheckpointError, atomic_write_text, load_tree, save_tree
+from ppl_cl.persist import (CheckpointError, atomic_write_text, load_tree, make_folder,
+                            save_tree)
 from ppl_cl.progress import progress, progress_enabled
 from ppl_cl.provenance import code_version, machine_info
-from ppl_cl.seeding import seed_everything
+from ppl_cl.seeding import check_seed, seed_everything
 
-__all__ = ["PaperNumber", "Claim", "ExperimentSpec", "check_device", "RunContext", "register", "build_config",
-           "run_spec", "registered_specs", "ConfigError", "DeviceError", "Terminated"]
+__all__ = ["PaperNumber", "Claim", "ExperimentSpec", "check_device", "check_seed", "make_folder",
+           "config_differences", "RunContext", "register", "build_config", "run_spec",
+           "registered_specs", "ConfigError", "DeviceError", "Terminated"]
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: value}
+
+
+def config_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``"key: recorded -> current"`` for every field that differs between two run
+    fingerprints (experiment, seed, quick, config; nested configs by dotted key, e.g.
+    ``config.learner.beta: 1.0 -> 5.0``)."""
+    a, b = _flat(_jsonable(recorded)), _flat(_jsonable(current))
+    missing = object()
+    return [f"{k}: {a.get(k, '(absent)')!r} -> {b.get(k, '(absent)')!r}"
+            for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)]
 
 
 def _check_device(device: str) -> str:
@@ -268,19 +291,40 @@ class RunContext:
         tree, meta = load_tree(path)
         mine, theirs = _jsonable(self.fingerprint), dict(meta.get("run", {}))
         if mine != theirs:
-            diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-            if "config" in diff:
-                a, b = mine.get("config") or {}, theirs.get("config") or {}
-                diff = [d for d in diff if d != "config"] + [
-                    f"config.{k}: {b.get(k)!r} -> {a.get(k)!r}"
-                    for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            diff = config_differences(theirs, mine)
             raise CheckpointError(f"{path} was written by a different run ({'; '.join(diff)}); "
                                   "run without --resume, or with the original settings")
         return tree
 
-    def progress(self, iterable=None, *, desc: str = "", total: int | None = None, **kw):
+    #: loops of at most this many items log every item; longer ones 20 lines in all
+    LOG_EACH_UP_TO = 100
+
+    def progress(self, iterable=None, *, desc: str = "", total: int | None = None,
+                 log: bool = True, **kw):
+        """A progress bar over ``iterable`` (:func:`ppl_cl.progress.progress`, shown when
+        ``show_progress`` or, by default, on a terminal) that also writes ``progress.log``
+        lines as the loop goes (``log=True``): ``"<desc>: i/n (s s)"`` after every item of a
+        loop of at most :attr:`LOG_EACH_UP_TO` items (tasks, batches, seeds, epochs), after
+        every n/20-th item of a longer one (the chunks of an online stream)."""
         enabled = progress_enabled() if self.show_progress is None else self.show_progress
-        return progress(iterable, desc=desc, total=total, enabled=enabled, **kw)
+        bar = progress(iterable, desc=desc, total=total, enabled=enabled, **kw)
+        if iterable is None or not log:
+            return bar
+        if total is None:
+            try:
+                total = len(iterable)
+            except TypeError:
+                total = None
+        return self._logged(bar, desc or "loop", total)
+
+    def _logged(self, bar, desc: str, total: int | None):
+        every = 1 if total is None or total <= self.LOG_EACH_UP_TO else math.ceil(total / 20)
+        t0 = time.perf_counter()
+        for i, item in enumerate(bar, start=1):
+            yield item
+            if i % every == 0 or i == total:
+                self.log(f"{desc}: {i}/{'?' if total is None else total} "
+                         f"({time.perf_counter() - t0:.1f} s)")
 
     def savefig(self, fig, name: str) -> Path:
         """Save a matplotlib figure as ``<out_dir>/<name>.png`` and close it."""
@@ -358,6 +402,18 @@ def _check_summary(name: str, metrics: Any) -> None:
                             f"of numbers, got {type(v).__name__}")
 
 
+def _recorded_fingerprint(out_dir: Path) -> dict[str, Any] | None:
+    """The experiment, seed, quick flag and config of the run whose ``config.json`` is in
+    ``out_dir`` (None: no readable ``config.json``)."""
+    try:
+        recorded = json.loads((out_dir / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(recorded, dict):
+        return None
+    return {k: recorded.get(k) for k in ("experiment", "seed", "quick", "config")}
+
+
 def run_spec(spec: ExperimentSpec, *, quick: bool = False, seed: int = 0, device: str = "cpu",
                    out: str | Path | None = None, overrides: dict[str, str] | None = None,
                    data_dir: str | None = None, show_progress: bool | None = None,
@@ -366,39 +422,65 @@ def run_spec(spec: ExperimentSpec, *, quick: bool = False, seed: int = 0, device
     """Run the experiment of ``spec`` and write its run folder; returns the metrics dict
     (``ppl_cl.experiments.run_experiment(name, ...)`` looks the spec up by name).
 
-    Before any work: the config is built (unknown keys and bad values raise
+    Before any work (and before any folder is made): the seed is checked
+    (:func:`check_seed`), the config is built (unknown keys and bad values raise
     :class:`ConfigError`), ``--device`` is checked for the libraries the experiment uses
-    (:func:`check_device`), and ``out`` must be a folder that holds no finished run (a
-    ``metrics.json``) unless ``resume`` or ``force`` (which empties it first). A run that fails
-    leaves no ``metrics.json`` (so ``ppl-cl report`` refuses the folder), only its
-    ``config.json``, ``progress.log`` (ending with why it stopped) and checkpoints.
+    (:func:`check_device`), ``data_dir`` must be a folder, and ``out`` must be a folder that
+    holds no finished run (a ``metrics.json``) unless ``resume`` or ``force`` (which empties it
+    first). A run that fails leaves no ``metrics.json`` (so ``ppl-cl report`` refuses the
+    folder), only its ``config.json``, ``progress.log`` (ending with why it stopped) and
+    checkpoints.
 
     With ``resume=True`` an experiment that checkpoints its units of work (the VAR-GP streams
     do, after every task of every variant) continues from the checkpoints a stopped run with
     the same experiment, seed, quick flag and config left in ``out``; the result equals that
-    of an uninterrupted run. Without it, old checkpoints in ``out`` are discarded.
+    of an uninterrupted run. A ``config.json`` in ``out`` of other settings refuses the resume
+    (a :class:`ConfigError` naming the fields that differ; nothing in ``out`` is touched). A
+    finished run of the same settings is not trained again: its metrics are returned, marked
+    ``"already_finished": True`` (``force=True`` retrains it from the start). Without
+    ``resume``, old checkpoints in ``out`` are discarded.
     ``checkpoint_every_s``: seconds between the snapshots taken within a unit of work (a
     VAR-GP task; 0: after every epoch), which ``resume`` continues from too."""
     if not checkpoint_every_s >= 0:
         raise ConfigError(f"checkpoint_every_s: expected >= 0 seconds, received "
                           f"{checkpoint_every_s!r}")
     name = spec.name
+    check_seed(seed)
     config = build_config(spec, quick=quick, overrides=overrides)
     check_device(device, spec.backends)
+    if data_dir is not None and not Path(data_dir).expanduser().is_dir():
+        raise ConfigError(f"--data-dir {data_dir}: no such folder")
     out_dir = Path(out) if out is not None else Path("runs") / name
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"--out: expected a folder for the run, received the file {out_dir}")
-    if (out_dir / "metrics.json").exists() and not resume:
+    fingerprint = {"experiment": name, "seed": seed, "quick": quick,
+                   "config": _jsonable(config)}
+    finished = (out_dir / "metrics.json").exists()
+    if resume and not force:
+        recorded = _recorded_fingerprint(out_dir)
+        if recorded is not None:
+            diff = config_differences(recorded, fingerprint)
+            if diff:
+                raise ConfigError(f"--resume: {out_dir} holds a run of other settings "
+                                  f"({'; '.join(diff)}); resume with the original settings, "
+                                  "or choose another --out")
+        if finished:
+            try:
+                metrics = json.loads((out_dir / "metrics.json").read_text())
+            except (OSError, json.JSONDecodeError) as err:
+                raise ConfigError(f"--resume: {out_dir}/metrics.json is unreadable ({err}); "
+                                  "--force retrains the run") from None
+            return {**metrics, "already_finished": True}
+    if finished and (force or not resume):
         if not force:
             raise ConfigError(f"--out {out_dir}: holds a finished run (metrics.json); pass "
                               "--force to replace it, --resume to continue it, or another --out")
         shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+        resume = False          # --force: a fresh start, even with --resume
+    make_folder(out_dir)
     ctx = RunContext(out_dir=out_dir, seed=seed, device=device, quick=quick,
                      show_progress=show_progress, data_dir=data_dir, resume=resume,
-                     checkpoint_every_s=float(checkpoint_every_s),
-                     fingerprint={"experiment": name, "seed": seed, "quick": quick,
-                                  "config": _jsonable(config)})
+                     checkpoint_every_s=float(checkpoint_every_s), fingerprint=fingerprint)
     if not resume:
         shutil.rmtree(out_dir / CHECKPOINT_DIR, ignore_errors=True)
         (out_dir / "progress.log").unlink(missing_ok=True)

@@ -110,7 +110,10 @@ class GPTreeClassesConfig:
     (Fig. 4a) learns its kernel (App. C.2) and is outside the grid.
 
     ``vi`` adds GP-Tree fitted by PG-VI (Fig. 4a); ``chain_counts`` adds GP-Tree with that many
-    chains (Fig. 4b)."""
+    chains (Fig. 4b). ArviZ files (:func:`write_posteriors`): every
+    Gibbs method refitted on the first seed's draw of ``posterior_classes`` classes (0: the first
+    of ``class_counts``) with ``posterior_chains`` chains of ``posterior_sweeps`` sweeps
+    (``posterior_sweeps=0``: no files)."""
 
     dataset: str = "letter"
     class_counts: tuple[int, ...] = (4, 6, 8, 10, 20, 26)
@@ -129,6 +132,9 @@ class GPTreeClassesConfig:
     grid_kernels: tuple[str, ...] = ("linear", "rbf")
     grid_outputscales: tuple[float, ...] = (1.0, 4.0, 9.0, 18.0)
     val_fraction: float = 0.5
+    posterior_classes: int = 0
+    posterior_sweeps: int = 50
+    posterior_chains: int = 4
     learner: GPTreeConfig = field(default_factory=lambda: GPTreeConfig(
         num_steps=1, predict="mean", num_chains=20))
 
@@ -178,17 +184,20 @@ def _fit_score(learner, xs, ys, xt, yt) -> float:
 
 
 def _classes_learner(method: str, C: int, config: GPTreeClassesConfig, seed: int,
-                     cell: tuple[str, float] | None = None):
+                     cell: tuple[str, float] | None = None, num_steps: int | None = None,
+                     num_chains: int | None = None):
     """The unfitted learner of ``method`` at ``C`` classes; ``cell = (kernel, output scale)``
-    replaces the kernel of ``config.learner`` (the grid of App. C.1)."""
+    replaces the kernel of ``config.learner`` (the grid of App. C.1); ``num_steps`` /
+    ``num_chains`` replace App. C.1's sweeps and chains."""
     from ppl_cl.learners.gp_tree import GPTree, SBMGP
     from ppl_cl.learners.pg_baselines import LSMGibbsClassifier, OVEGibbsClassifier
 
     lc = config.learner
     if cell is not None:
         lc = lc.replace(kernel=cell[0], gibbs_outputscale=cell[1])
-    chains = config.chains_small if C <= 20 else config.chains_large
-    common = dict(seed=seed, num_steps=config.num_steps)
+    steps = config.num_steps if num_steps is None else num_steps
+    chains = num_chains or (config.chains_small if C <= 20 else config.chains_large)
+    common = dict(seed=seed, num_steps=steps)
     if method in ("gptree", "gptree_rnd", "sbm"):
         tree = {"gptree": "kmeans", "gptree_rnd": "random", "sbm": "chain"}[method]
         cfg = lc.replace(tree=tree, num_chains=chains, **common)
@@ -204,12 +213,12 @@ def _classes_learner(method: str, C: int, config: GPTreeClassesConfig, seed: int
                                      milestones=(config.vi_epochs,), seed=seed)
         return GPTree(cfg)
     kern = dict(kernel=lc.kernel, outputscale=lc.gibbs_outputscale, lengthscale=lc.lengthscale,
-                jitter=lc.gibbs_jitter, num_steps=config.num_steps, seed=seed, dtype=lc.dtype,
+                jitter=lc.gibbs_jitter, num_steps=steps, seed=seed, dtype=lc.dtype,
                 device=lc.device, predict="mean" if lc.predict == "mean" else "mc")
     if method == "lsm":
         return LSMGibbsClassifier(num_chains=chains, **kern)
     if method == "ove":
-        return OVEGibbsClassifier(num_chains=_ove_chains(C), **kern)
+        return OVEGibbsClassifier(num_chains=num_chains or _ove_chains(C), **kern)
     raise ValueError(f"methods: unknown method {method!r}")
 
 
@@ -251,6 +260,37 @@ def _validation_split(xt, yt, fraction: float, rng):
                              f"few to split {fraction} of them off for validation")
         val[rng.choice(idx, k, replace=False)] = True
     return xt[~val], yt[~val], xt[val], yt[val]
+
+
+#: the Gibbs methods whose chains ``gptree-classes`` writes to ``posterior_<method>.nc``
+GIBBS_METHODS = ("gptree", "gptree_rnd", "sbm", "lsm", "ove")
+
+
+def write_posteriors(config: GPTreeClassesConfig, ctx: RunContext, data, C: int) -> list[str]:
+    """``posterior_<method>.nc`` of every Gibbs method of the run, each fitted once more on
+    ``data`` (the first seed's draw of ``C`` classes) with ``posterior_chains`` chains of
+    ``posterior_sweeps`` sweeps: the Table 1 protocol's single sweep gives one draw per chain,
+    too few for r_hat and ESS. Each file holds every chain (``sample_stats`` included) and the
+    pointwise log likelihood of the same training points, so ``az.loo`` / ``az.compare`` work
+    across the methods. Returns the file names."""
+    xs, ys = data[0], data[1]
+    names = []
+    for m in [m for m in config.methods if m in GIBBS_METHODS]:
+        if m == "ove" and C > config.ove_max_classes:
+            continue
+        learner = _classes_learner(m, C, config, ctx.seed, num_steps=config.posterior_sweeps,
+                                   num_chains=config.posterior_chains)
+        from ppl_cl import Batch
+        learner.update(Batch(xs, ys))
+        idata = (learner.to_inference_data() if m in ("lsm", "ove")
+                 else learner.to_inference_data(x=xs, y=ys))
+        idata.attrs.update({"experiment": "gptree-classes", "method": m, "classes": int(C)})
+        name = f"posterior_{m}.nc"
+        idata.to_netcdf(str(ctx.out_dir / name))
+        names.append(name)
+        ctx.log(f"{name}: {config.posterior_chains} chains x {config.posterior_sweeps} sweeps, "
+                f"{C} classes, {xs.shape[0]} training points")
+    return names
 
 
 def classes_figure(results: dict, class_counts, labels: dict[str, str]):
@@ -319,6 +359,10 @@ def run_gptree_classes(config: GPTreeClassesConfig, ctx: RunContext) -> dict:
                                     for k in config.chain_counts})
     config = GPTreeClassesConfig(**{**config.__dict__,
                                     "learner": config.learner.replace(device=ctx.device)})
+    posterior_C = config.posterior_classes or config.class_counts[0]
+    if posterior_C > available.size:
+        raise ValueError(f"posterior_classes: {posterior_C} classes requested, the data has "
+                         f"{available.size}")
     for seed in ctx.progress(range(config.seeds), desc="seeds"):
         saved = ctx.load_checkpoint(f"seed{seed}")
         if saved is not None:        # --resume: this seed finished before the stop
@@ -364,6 +408,14 @@ def run_gptree_classes(config: GPTreeClassesConfig, ctx: RunContext) -> dict:
                                                  for m, r in results.items()},
              "selected": {m: {str(C): v for C, v in r.items()} for m, r in selected.items()}
              if config.grid else {}}, indent=1))
+    posteriors: list[str] = []
+    if config.posterior_sweeps:
+        # the first seed's draw of posterior_C classes, as the loop above drew it
+        rng = np.random.default_rng(1000 * ctx.seed + posterior_C)
+        classes = np.sort(rng.choice(available, posterior_C, replace=False))
+        data = _class_subset(xtr, ytr, xte, yte, classes, config.train_per_class,
+                             config.test_per_class, rng)
+        posteriors = write_posteriors(config, ctx, data, posterior_C)
     summary: dict = {"dataset": config.dataset, "seeds": config.seeds,
                      "train_per_class": config.train_per_class, "grid": config.grid}
     for m in methods:
@@ -382,7 +434,7 @@ def run_gptree_classes(config: GPTreeClassesConfig, ctx: RunContext) -> dict:
                 if v:
                     summary[f"linear_share_{m}_{C}"] = float(np.mean([c[0] == "linear" for c in v]))
     ctx.savefig(classes_figure(results, config.class_counts, labels), "accuracy_vs_classes")
-    return {"summary": summary,
+    return {"summary": summary, "posterior_files": posteriors,
             "per_seed": {m: {str(C): v for C, v in r.items()} for m, r in results.items()},
             "selected": {m: {str(C): v for C, v in r.items()} for m, r in selected.items()}
             if config.grid else {},
@@ -475,7 +527,9 @@ def run_gptree_dkl_mnist(config: GPTreeDKLMNISTConfig, ctx: RunContext) -> dict:
     lc = config.learner.replace(seed=ctx.seed, device=ctx.device)
     t0 = time.perf_counter()
     gp = GPTree(lc)
-    rec = gp.update(Batch(xtr, ytr))
+    rec = gp.update(Batch(xtr, ytr), on_epoch=lambda phase, e, loss: ctx.log(
+        f"GP-Tree DKL: epoch {e}/{lc.epochs} ({phase}), loss {loss:.4f}, "
+        f"{time.perf_counter() - t0:.0f} s"))
     acc_gp = 100.0 * gp.predict(xte).accuracy(yte)
     t_gp = time.perf_counter() - t0
     ctx.log(f"GP-Tree DKL: {acc_gp:.2f}% ({t_gp:.0f} s)")
@@ -634,7 +688,8 @@ def run_gptree_fscil(config: GPTreeFSCILConfig, ctx: RunContext) -> dict:
         groups = _session_groups(sessions)
         lc = config.learner.replace(seed=seed, device=ctx.device)
         base = GPTree(lc)
-        base.update(sessions[0].train)
+        base.update(sessions[0].train, on_epoch=lambda phase, e, loss, run=run: ctx.log(
+            f"run {run} base session: epoch {e}/{lc.epochs} ({phase}), loss {loss:.4f}"))
         base_state = base.state_dict()
         for v in config.variants:
             learner = GPTree(lc.replace(fscil_tree=v))
@@ -645,6 +700,8 @@ def run_gptree_fscil(config: GPTreeFSCILConfig, ctx: RunContext) -> dict:
                     learner.update(task.train)
                 pred = learner.predict(task.test.x)
                 accs.append(100.0 * pred.accuracy(task.test.y))
+                ctx.log(f"run {run} {v}: session {s + 1}/{len(sessions)}: accuracy "
+                        f"{accs[-1]:.1f} %")
                 R[s, :s + 1] = _group_accuracy(pred, np.asarray(task.test.y), groups[:s + 1])
             curves[v].append(accs)
             forget[v].append([forgetting(R[:k + 1, :k + 1]) for k in range(1, len(sessions))])

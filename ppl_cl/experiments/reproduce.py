@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import time
 import traceback
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ppl_cl.data.root import MissingDataError
 from ppl_cl.errors import ConfigError, DeviceError
 from ppl_cl.experiments import registry, run_experiment
-from ppl_cl.persist import atomic_write_text
+from ppl_cl.persist import atomic_write_text, make_folder
+from ppl_cl.seeding import check_seed
 
 __all__ = ["reproduce", "aggregate_summaries", "collect"]
 
@@ -50,6 +53,10 @@ def _fmt(v) -> str:
                 f" (mean, n = {v['n']})" if v["n"] > 1 else "")
         if v["n"] < 2:
             return _fmt(v["mean"])
+        if v["std"] == 0:
+            # the same number from every run: not a replication (a seed that picks nothing,
+            # or a count), so no "± 0"
+            return f"{_digits(v['mean'], 4)} (the same in all {v['n']} runs)"
         return f"{_digits(v['mean'], 4)} ± {_digits(v['std'], 2)} (n = {v['n']})"
     return str(v)
 
@@ -148,9 +155,11 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
               only: list[str] | None = None, overrides: dict[str, str] | None = None,
               data_dir: str | None = None, show_progress: bool | None = None,
               resume: bool = False, checkpoint_every_s: float = 600.0,
-              force: bool = False) -> dict:
+              force: bool = False, echo: Callable[[str], None] | None = None) -> dict:
     """Run every headline experiment (or ``only`` those) into ``out/<name>/`` (one folder per
     seed when ``seeds`` has several); write ``out/report.md`` and ``out/reproduce.json``.
+    One line per experiment as it ends goes to ``echo`` (default: stderr), e.g.
+    ``[2/7] exact-gp-uci: ok in 12.3 s``.
 
     Args:
         seeds: the seeds to run (default ``[seed]``).
@@ -159,6 +168,7 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
         checkpoint_every_s: seconds between snapshots within a unit of work (see
             ``run_experiment``).
         force: replace finished runs in ``out`` (otherwise they are refused).
+        echo: where the progress lines go.
 
     Raises:
         ConfigError: ``only`` names an experiment that is not registered.
@@ -168,7 +178,10 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
         ``summary`` (the aggregate of :func:`aggregate_summaries`) and ``per_seed``.
     """
     out = Path(out)
+    echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
     seeds = list(seeds) if seeds else [seed]
+    for s in seeds:
+        check_seed(s, "--seeds" if len(seeds) > 1 else "--seed")
     reg = registry()
     unknown = sorted(set(only or ()) - set(reg))
     if unknown:
@@ -176,8 +189,11 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
                           f"shows: {', '.join(sorted(reg))}")
     specs = [s for s in reg.values() if s.headline or (only and s.name in only)]
     specs = [s for s in specs if not only or s.name in only]
+    make_folder(out)
     results, failed = {}, []
-    for spec in sorted(specs, key=lambda s: s.name):
+    ordered = sorted(specs, key=lambda s: s.name)
+    for k, spec in enumerate(ordered, start=1):
+        t0 = time.perf_counter()
         try:
             runs = [run_experiment(spec.name, quick=quick, seed=s, device=device,
                                    out=out / spec.name if len(seeds) == 1
@@ -203,6 +219,10 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
             failed.append(spec.name)
             results[spec.name] = {"status": "error", "error": f"{type(err).__name__}: {err}",
                                   "traceback": traceback.format_exc()}
+        status = results[spec.name]["status"]
+        echo(f"[{k}/{len(ordered)}] {spec.name}: {status} in {time.perf_counter() - t0:.1f} s"
+             + ("" if status == "ok" else
+                f" ({results[spec.name]['error'].splitlines()[0][:160]})"))
 
     size = "quick" if quick else "full"
     seed_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
@@ -288,6 +308,7 @@ def collect(run_dirs: Sequence[str | Path], out: str | Path, notes: str | None =
     such a report.
     """
     notes = checked_notes(notes)
+    out = make_folder(out)
     reg = registry()
     groups: dict[tuple, list[dict]] = {}
     for d in map(Path, run_dirs):
@@ -303,7 +324,6 @@ def collect(run_dirs: Sequence[str | Path], out: str | Path, notes: str | None =
                json.dumps(config.get("overrides") or {}, sort_keys=True))
         groups.setdefault(key, []).append({"dir": str(d), "seed": metrics["seed"],
                                            "summary": metrics["summary"]})
-    out = Path(out)
     results: dict[str, Any] = {}
     lines = ["# ppl_cl reproduction report (collected runs)", "",
              "Numbers measured by the listed runs (mean ± std over seeds, std with ddof = 1),",

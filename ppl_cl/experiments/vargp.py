@@ -368,27 +368,33 @@ def theta_figure(records: dict[str, list[dict]], title: str):
     return fig
 
 
-def densities_figure(densities, x: np.ndarray, y: np.ndarray, tasks, title: str):
+def densities_figure(densities, x: np.ndarray, y: np.ndarray, tasks, title: str,
+                     extent: tuple[float, float, float, float] = (-3, 3, -3, 3)):
     """Fig. 1 / 7: class-wise predictive probabilities on the grid after each task (rows),
-    with the training points seen so far (cyan: the class, white: the others)."""
+    with the training points seen so far (cyan: the class, white: the others); axes in the
+    inputs' units (x1, x2), one colour bar for p(y = class | x)."""
     import matplotlib.pyplot as plt
 
     K = densities[0].shape[-1]
-    fig, axes = plt.subplots(len(densities), K, figsize=(2.5 * K, 2.6 * len(densities)),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(densities), K, figsize=(2.5 * K + 0.9, 2.6 * len(densities)),
+                             squeeze=False, sharex=True, sharey=True, layout="constrained")
+    image = None
     for i, dens in enumerate(densities):
         seen = np.isin(y, [k for task in tasks[:i + 1] for k in task])
         for c in range(K):
             ax = axes[i, c]
-            ax.imshow(dens[..., c], origin="lower", extent=(-3, 3, -3, 3), vmin=0, vmax=1,
-                      cmap="inferno")
+            image = ax.imshow(dens[..., c], origin="lower", extent=extent, vmin=0, vmax=1,
+                              cmap="inferno")
             ax.scatter(x[seen & (y == c), 0], x[seen & (y == c), 1], s=4, c="cyan")
             ax.scatter(x[seen & (y != c), 0], x[seen & (y != c), 1], s=4, c="white", alpha=0.5)
-            ax.set_xticks([])
-            ax.set_yticks([])
+            ax.set_xticks(np.linspace(extent[0], extent[1], 3))
+            ax.set_yticks(np.linspace(extent[2], extent[3], 3))
             if i == 0:
                 ax.set_title(f"class {c}")
-        axes[i, 0].set_ylabel(f"after task {i}")
+            if i == len(densities) - 1:
+                ax.set_xlabel("$x_1$")
+        axes[i, 0].set_ylabel(f"after task {i}\n$x_2$")
+    fig.colorbar(image, ax=axes, shrink=0.8, label="p(y = class | x)")
     fig.suptitle(title)
     return fig
 
@@ -618,9 +624,13 @@ def toy(config: ToyConfig, ctx: RunContext) -> dict:
         learner = VARGP(row_config(config, row, ctx))
         densities: list[np.ndarray] = []
 
-        def after_task(i, rec, tree, learner=learner, densities=densities):
+        def after_task(i, rec, tree, learner=learner, densities=densities, row=row):
             densities.append(learner.predict(grid).probs.reshape(
                 config.grid_size, config.grid_size, -1))
+            R = tree["R"]
+            ctx.log(f"{row}: task {i + 1}/{len(tasks)}: {rec['epochs']} epochs, average "
+                    f"accuracy {100 * float(np.mean(R[i, :i + 1])):.2f} %, "
+                    f"{rec['wall_time_s']:.1f} s")
 
         result = continual_tasks(learner, tasks, after_task=after_task)
         ctx.savefig(densities_figure(densities, x, y, FOUR_BLOBS_TASKS,

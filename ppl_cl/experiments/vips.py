@@ -254,7 +254,8 @@ def run_uci(config: VIPSUCIConfig, ctx: RunContext, prefix: str = "") -> tuple[d
                                     ctx.seed + k)
                 else:
                     lc = dataclasses.replace(config.learner, policy=method)
-                    res = run_stream(lc, train, test)
+                    res = run_stream(lc, train, test, progress=lambda it, k=k, m=method: (
+                        ctx.progress(it, desc=f"{config.dataset} fold {k} {m}: batches")))
                     res.pop("learner")
                 res["wall_s"] = time.perf_counter() - t
                 curves[method].append(res)
@@ -430,7 +431,9 @@ def run_vips_synthetic(config: VIPSSyntheticConfig, ctx: RunContext) -> dict:
         x, y = gen(ctx.seed)
         gp = OnlineSGPR(config.learner)
         ms = []
-        for bx, by in zip(np.array_split(x, config.n_batches), np.array_split(y, config.n_batches)):
+        batches = list(zip(np.array_split(x, config.n_batches),
+                           np.array_split(y, config.n_batches)))
+        for bx, by in ctx.progress(batches, desc=f"{name}: batches"):
             ms.append(gp.update(Batch(bx, by))["m"])
         curves[name] = ms
         summary[f"final_m_{name}"] = ms[-1]
@@ -583,7 +586,7 @@ def run_vips_magnetic(config: VIPSMagneticConfig, ctx: RunContext) -> dict:
     # experiment 1: one path per batch
     gp = OnlineSGPR(config.learner)
     ms = []
-    for p, (x, y) in paths.items():
+    for p, (x, y) in ctx.progress(list(paths.items()), desc="paths in sequence"):
         r = gp.update(Batch(x, y))
         ms.append(r["m"])
         pred = gp.predict(xs)
@@ -618,8 +621,10 @@ def run_vips_magnetic(config: VIPSMagneticConfig, ctx: RunContext) -> dict:
         lc = dataclasses.replace(config.learner, policy=policy, cv_eta=config.cv_eta)
         model = OnlineSGPR(lc)
         m_curve = []
-        for bx, by in zip(np.array_split(xs, config.stream_batches),
-                          np.array_split(ys, config.stream_batches)):
+        stream = list(zip(np.array_split(xs, config.stream_batches),
+                          np.array_split(ys, config.stream_batches)))
+        for bx, by in ctx.progress(stream, desc=f"path {config.stream_path} ({policy}): "
+                                                "batches"):
             m_curve.append(model.update(Batch(bx, by))["m"])
         test = np.concatenate([x for x, _ in paths.values()])
         ytest = np.concatenate([y for _, y in paths.values()])

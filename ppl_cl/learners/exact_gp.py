@@ -15,6 +15,7 @@ import numpy as np
 
 from ppl_cl.batch import Batch, as_numpy
 from ppl_cl.configs.exact_gp import ExactGPConfig
+from ppl_cl.inference_data import iid_attrs
 from ppl_cl.learner import Learner, check_batch
 from ppl_cl.numerics import enable_x64
 from ppl_cl.predictive import GaussianPredictive
@@ -81,6 +82,16 @@ class ExactGP(Learner):
         k = self._params.kernel
         return {"variance": np.asarray(k.variance), "lengthscale": np.asarray(k.lengthscale),
                 "noise_variance": np.asarray(self._params.noise_variance)}
+
+    def leave_one_out(self) -> np.ndarray:
+        """Closed-form leave-one-out log predictive of every training point, ``(n,)``
+        (Rasmussen & Williams 2006, eq. 5.12; :func:`models.exact_gp.leave_one_out`): what
+        ``az.loo`` of :meth:`to_inference_data` estimates by importance sampling."""
+        from models.exact_gp import leave_one_out
+
+        if self._posterior is None:
+            raise self._not_fitted("leave_one_out()")
+        return np.asarray(leave_one_out(self._posterior))
 
     def log_marginal_likelihood(self) -> float:
         """``log p(y | X, theta)`` of all data seen, at the current hyperparameters."""
@@ -177,34 +188,71 @@ class ExactGP(Learner):
         self._X, self._y, self._params = X, y, params
         self._condition()
 
-    def to_inference_data(self, x: Any = None, y: Any = None, *, num_draws: int = 500,
-                          seed: int = 0):
-        """ArviZ InferenceData of the posterior over latent ``f`` at ``x``.
+    def to_inference_data(self, x: Any = None, y: Any = None, *, x_new: Any = None,
+                          num_draws: int = 500, num_chains: int | None = None, seed: int = 0):
+        """ArviZ InferenceData of the exact posterior over latent ``f``.
 
         Args:
-            x: inputs ``(n, d)``; default the training inputs.
-            y: optional targets at ``x``: adds ``observed_data`` and a pointwise
-               ``log_likelihood`` (log N(y_i | f_i, sigma^2) per draw) for ``az.loo``.
-            num_draws: draws from the exact Gaussian posterior of ``f(x)`` (one chain).
+            x, y: the points of ``posterior.f``, ``observed_data.y`` and the pointwise
+                ``log_likelihood.y`` (``log N(y_i | f_i, sigma^2)`` per draw). Default (both
+                None): the training data, so that ``az.loo`` estimates the GP's leave-one-out
+                predictive (Rasmussen & Williams 2006, eq. 5.12). ``x`` without ``y``: the
+                posterior at ``x``, no likelihood.
+            x_new: out-of-sample inputs (test points): ``predictions`` holds ``f`` and
+                ``y = f + noise`` there, drawn jointly with ``posterior.f`` (one Gaussian over
+                ``[f(x); f(x_new)]``), ``predictions_constant_data`` the inputs ``x``.
+            num_draws: independent draws in all, split into ``num_chains`` chains
+                (default :func:`ppl_cl.inference_data.default_chains`).
 
-        Hyperparameters (point estimates) go to ``constant_data``.
+        Hyperparameters (point estimates) go to ``constant_data``; the attributes say the draws
+        are independent (``sampling``). The posterior covariance of a smooth kernel at many
+        inputs is singular to rounding: its Cholesky takes a small jitter without a warning
+        (:func:`ppl_cl.inference_data.gaussian_draws`).
         """
-        from ppl_cl.inference_data import gaussian_log_likelihood, gaussian_to_inference_data
+        import xarray as xr
+
+        from ppl_cl.inference_data import gaussian_draws, gaussian_log_likelihood, \
+            samples_to_inference_data
 
         if self._posterior is None:
             raise self._not_fitted("to_inference_data")
+        if x is None and y is None:
+            x, y = self._X, self._y
         x = self._X if x is None else as_numpy(Batch(x).validate(
-            input_dim=self.input_dim, require_targets=False).x)
-        mean, cov = self.predict(x, latent=True, full_cov=True)
-        hp = self.hyperparameters()
-        extra = {}
+            input_dim=self.input_dim, require_targets=False).x).astype(np.float64)
         if y is not None:
             y = Batch(x, as_numpy(y)).validate(regression=True).y.astype(np.float64)
-            s2 = float(hp["noise_variance"])
-            extra = {"log_likelihood": lambda d: {"y": gaussian_log_likelihood(d["f"], y, s2)},
-                     "observed_data": {"y": y}}
-        return gaussian_to_inference_data(
-            {"f": mean}, {"f": cov}, num_draws=num_draws, seed=seed,
-            dims={"f": ["obs"], "y": ["obs"], "lengthscale": ["input_dim"]},
-            coords={"obs": np.arange(x.shape[0])},
-            constant_data=hp, **extra)
+        n = x.shape[0]
+        xs = None
+        if x_new is not None:
+            xs = as_numpy(Batch(x_new).validate(input_dim=self.input_dim,
+                                                require_targets=False).x).astype(np.float64)
+        mean, cov = self.predict(x if xs is None else np.concatenate([x, xs]), latent=True,
+                                 full_cov=True)
+        rng = np.random.default_rng(seed)
+        f_all = gaussian_draws({"f": mean}, {"f": cov}, num_draws=num_draws,
+                               num_chains=num_chains, seed=rng, warn_jitter=False)["f"]
+        hp = self.hyperparameters()
+        s2 = float(hp["noise_variance"])
+        chains, draws = f_all.shape[:2]
+        sample_coords = {"chain": np.arange(chains), "draw": np.arange(draws)}
+        groups: dict[str, Any] = {}
+        if y is not None:
+            groups["log_likelihood"] = {"y": gaussian_log_likelihood(f_all[..., :n], y, s2)}
+            groups["observed_data"] = {"y": y}
+        if xs is not None:
+            f_new = f_all[..., n:]
+            y_new = f_new + np.sqrt(s2) * rng.standard_normal(f_new.shape)
+            dims = ("chain", "draw", "obs_new")
+            groups["predictions"] = xr.Dataset(
+                {"f": (dims, f_new), "y": (dims, y_new)},
+                coords={**sample_coords, "obs_new": np.arange(xs.shape[0])})
+            groups["predictions_constant_data"] = xr.Dataset(
+                {"x": (("obs_new", "input_dim"), xs)},
+                coords={"obs_new": np.arange(xs.shape[0]),
+                        "input_dim": np.arange(xs.shape[1])})
+        return samples_to_inference_data(
+            {"f": f_all[..., :n]}, dims={"f": ["obs"], "y": ["obs"], "lengthscale": ["input_dim"]},
+            coords={"obs": np.arange(n)}, constant_data=hp,
+            attrs=iid_attrs("exact Gaussian posterior of GP regression given the "
+                            "hyperparameters (point estimates, in constant_data)"), **groups)

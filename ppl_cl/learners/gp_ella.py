@@ -367,19 +367,21 @@ class GPELLA(ConfigLearner):
         self._num_updates = int(state["num_updates"])
         self._cache.clear()
 
-    def to_inference_data(self, *, num_draws: int = 500, seed: int = 0):
+    def to_inference_data(self, *, num_draws: int = 500, num_chains: int | None = None,
+                          seed: int = 0):
         """ArviZ InferenceData of the Laplace posterior of the basis and the task kernels.
 
         Given the codes, eq. 9 is quadratic in ``L``: the program's Laplace-likelihood
         posterior of ``vec(L)`` (column-major) is ``N(vec L, (A + T lambda I)^-1)``, exact for
-        that likelihood. Draws ``L^(i)`` go to ``posterior["L"] (1, draws, d, k)`` and
-        ``theta_t^(i) = L^(i) s_t`` to ``posterior["theta"] (1, draws, T, d)``; the single-task
+        that likelihood. Independent draws ``L^(i)`` go to ``posterior["L"] (chain, draw, d, k)``
+        (``num_chains`` chains, default up to 4 of at least 4 draws) and
+        ``theta_t^(i) = L^(i) s_t`` to ``posterior["theta"] (chain, draw, T, d)``; the single-task
         optima ``theta_hat``, Hessians ``H``, codes ``s`` and per-task variances go to
         ``constant_data``.
         """
         from scipy.linalg import solve_triangular
 
-        from ppl_cl.inference_data import samples_to_inference_data
+        from ppl_cl.inference_data import iid_attrs, samples_to_inference_data, split_chains
         from ppl_cl.seeding import as_generator
 
         self._require_fitted("to_inference_data")
@@ -398,7 +400,7 @@ class GPELLA(ConfigLearner):
         theta_draws = np.einsum("sdk,tk->std", L_draws, s.codes)
         ids = np.asarray(self._store.ids)
         return samples_to_inference_data(
-            {"L": L_draws[None], "theta": theta_draws[None]},
+            split_chains({"L": L_draws[None], "theta": theta_draws[None]}, num_chains),
             dims={"L": ["input_dim", "component"], "theta": ["task", "input_dim"],
                   "theta_hat": ["task", "input_dim"], "codes": ["task", "component"],
                   "hessian": ["task", "input_dim", "input_dim_"],
@@ -407,4 +409,6 @@ class GPELLA(ConfigLearner):
                     "input_dim_": np.arange(d)},
             constant_data={"theta_hat": s.thetas, "codes": s.codes, "hessian": s.hessians,
                            "signal_variance": np.asarray([f["signal_variance"] for f in self._fits]),
-                           "noise_variance": np.asarray([f["noise_variance"] for f in self._fits])})
+                           "noise_variance": np.asarray([f["noise_variance"] for f in self._fits])},
+            attrs=iid_attrs("Gaussian (Laplace) posterior of the basis L given the codes "
+                            "(eq. 9)"))

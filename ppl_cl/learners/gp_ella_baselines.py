@@ -49,11 +49,11 @@ def _point_estimate(values: dict[str, Any], note: str):
     """InferenceData of point estimates: one chain, one draw in ``posterior`` (so that the
     protocol's ``posterior`` group exists, as for the online-SGD baseline) and the same
     arrays in ``constant_data``."""
-    from ppl_cl.inference_data import from_nested_dict
+    from ppl_cl.inference_data import POINT_ESTIMATE, from_nested_dict
 
     arrays = {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}
     return from_nested_dict({"posterior": {k: v[None, None] for k, v in arrays.items()},
-                             "constant_data": arrays}, attrs={"note": note})
+                             "constant_data": arrays}, attrs={**POINT_ESTIMATE, "note": note})
 
 
 def _gp_predict(theta, sf2, s2, X, y, xs, pad_multiple):

@@ -241,7 +241,7 @@ class GPTree(Learner):
 
     # -- VI / DKL base session -------------------------------------------------------------------
     def _fit_vi(self, x: torch.Tensor, y: np.ndarray, classes: tuple[int, ...],
-                g: torch.Generator) -> dict[str, Any]:
+                g: torch.Generator, on_epoch=None) -> dict[str, Any]:
         c = self.config
         record: dict[str, Any] = {}
         with torch.random.fork_rng(devices=[]):
@@ -283,6 +283,8 @@ class GPTree(Learner):
                     tot += float(loss.detach()) * idx.numel()
                 sched.step()
                 losses.append(tot / N)
+                if on_epoch is not None:
+                    on_epoch("pre-training", len(losses), losses[-1])
             lr_now = sched.get_last_lr()[0]
         else:
             lr_now = lr
@@ -352,6 +354,8 @@ class GPTree(Learner):
                 count += idx.numel()
             sched.step()
             gp_losses.append(tot / max(count, 1))
+            if on_epoch is not None:
+                on_epoch("GP-Tree", len(losses) + len(gp_losses), gp_losses[-1])
         nodes = {}
         for i in internal:
             nodes[i] = {"kind": "vi", "eta": states[i].eta.detach(), "H": states[i].H.detach(),
@@ -366,12 +370,15 @@ class GPTree(Learner):
                 "exemplar_labels": torch.as_tensor(ex_y, device=self.device)}
 
     # -- the protocol ----------------------------------------------------------------------------
-    def update(self, batch: Batch, *, classes=None) -> dict[str, Any]:
+    def update(self, batch: Batch, *, classes=None, on_epoch=None) -> dict[str, Any]:
         """Base session (first call) or novel session (later calls); see the module docstring.
 
         Args:
             batch: ``x (n, d)``, integer labels ``y (n,)`` (global class ids >= 0).
             classes: optional declared classes of the session: each must have examples.
+            on_epoch: ``on_epoch(phase, epoch, loss)`` after every epoch of a VI base session
+                (``phase`` ``"pre-training"``: cross-entropy; ``"GP-Tree"``: the per-node
+                negative ELBO), e.g. a progress log line.
 
         Returns:
             ``session``, ``classes``, ``nodes_fitted``, ``tree_depth``, ``wall_time_s`` (and
@@ -394,7 +401,7 @@ class GPTree(Learner):
                        "backbone": None, "record": {}, "exemplars": self._tensor(ex),
                        "exemplar_labels": torch.as_tensor(ex_y, device=self.device)}
             else:
-                new = self._fit_vi(x, y, present, g)
+                new = self._fit_vi(x, y, present, g, on_epoch=on_epoch)
             # commit
             self.tree = self.base_tree = new["tree"]
             self.nodes = dict(new["nodes"])
@@ -590,13 +597,59 @@ class GPTree(Learner):
             self.backbone.load_state_dict({k: t(v) for k, v in state["backbone"].items()})
 
     # -- ArviZ -----------------------------------------------------------------------------------
-    def to_inference_data(self, nodes: list[int] | None = None):
+    @torch.no_grad()
+    def _log_likelihood(self, x: Any, y: Any) -> np.ndarray:
+        """``log p(y_n | f)`` per draw of every node's chains, ``(chains, draws, n)``: eq. 9's
+        product along the root-to-leaf path of ``y_n``, ``sum log sigma(+-f_node(x_n))``, with
+        ``f_node(x_n)`` the draws at the node's own training point ``x_n`` (the nodes'
+        posteriors are independent, so one (chain, draw) of every node is a joint draw).
+        Raises ValueError when a point is not among the training points of a node on its path
+        (the chains hold f there only) or a node on the path has no chains (VI)."""
+        xb = Batch(x, y).validate(input_dim=self.input_dim)
+        y_np = as_numpy(xb.y).astype(np.int64)
+        unknown = sorted(set(np.unique(y_np).tolist()) - set(self.tree.classes))
+        if unknown:
+            raise ValueError(f"y: classes {unknown} are not in the tree {self.tree.classes}")
+        feats = as_numpy(self._features(self._tensor(xb.x)))
+        n = feats.shape[0]
+        first = self.nodes[self.tree.root]
+        if first["kind"] != "gibbs":
+            raise ValueError("log_likelihood needs Gibbs chains at every node (the root was "
+                             "fitted by VI)")
+        S, C = first["f_trace"].shape[:2]
+        out = np.zeros((C, S, n))
+        for i in self.tree.internal_nodes():
+            on_path = np.isin(y_np, self.tree.nodes[i].classes)
+            if not on_path.any():
+                continue
+            node = self.nodes[i]
+            if node["kind"] != "gibbs":
+                raise ValueError(f"log_likelihood needs Gibbs chains at every node on the "
+                                 f"paths (node {i} was fitted by VI)")
+            rows = {r.tobytes(): j for j, r in enumerate(as_numpy(node["X"]))}
+            idx = [rows.get(r.tobytes(), -1) for r in feats[on_path]]
+            if -1 in idx:
+                k = int(np.flatnonzero(on_path)[idx.index(-1)])
+                raise ValueError(f"x[{k}] (class {int(y_np[k])}) is not a training point of "
+                                 f"node {i}: the chains hold f at each node's training points "
+                                 "only (pass the data the tree was fitted on)")
+            f = node["f_trace"][:, :, torch.as_tensor(idx, device=self.device)]  # (S, C, m)
+            sign = torch.as_tensor(2.0 * self.tree.node_labels(i, y_np[on_path]) - 1.0,
+                                   dtype=self.dtype, device=self.device)
+            out[:, :, on_path] += as_numpy(
+                torch.nn.functional.logsigmoid(sign * f).permute(1, 0, 2)).astype(np.float64)
+        return out
+
+    def to_inference_data(self, nodes: list[int] | None = None, x: Any = None, y: Any = None):
         """InferenceData of the Gibbs chains of the internal nodes: ``posterior`` holds
-        ``f_node<i>`` with dims ``(chain, draw, obs_node<i>)`` (the sweeps after the prior
-        initialization), ``sample_stats`` the augmented log marginal (eq. 10) per sweep as
+        ``f_node<i>`` with dims ``(chain, draw, obs_node<i>)`` (every sweep after the prior
+        initialization: ``num_chains`` independent chains of ``num_steps`` draws, none
+        removed as warm-up), ``sample_stats`` the augmented log marginal (eq. 10) per sweep as
         ``log_marginal_node<i>``. VI nodes have no chains and are left out; the tree is in
-        ``attrs``."""
-        from ppl_cl.inference_data import samples_to_inference_data
+        ``attrs``. With ``x, y`` (the training data of the fitted nodes, e.g. the base
+        session's batch): ``log_likelihood.y`` (:meth:`_log_likelihood`) and
+        ``observed_data.y``, for ``az.loo`` / ``az.compare``."""
+        from ppl_cl.inference_data import mcmc_attrs, samples_to_inference_data
 
         if self.tree is None:
             raise NotFittedError("GPTree.to_inference_data before any update()")
@@ -604,15 +657,25 @@ class GPTree(Learner):
                if self.nodes[i]["kind"] == "gibbs"]
         if not ids:
             raise ValueError("no Gibbs node in the tree (a VI tree has no chains to export)")
+        if (x is None) != (y is None):
+            raise ValueError("x, y: give both (the training points and their labels) or neither")
         samples, stats, dims = {}, {}, {}
         for i in ids:
             f = self.nodes[i]["f_trace"].permute(1, 0, 2)            # (chain, draw, n)
             samples[f"f_node{i}"] = as_numpy(f)
             stats[f"log_marginal_node{i}"] = as_numpy(self.nodes[i]["log_marginal_trace"].T)
             dims[f"f_node{i}"] = [f"obs_node{i}"]
+        extra: dict[str, Any] = {}
+        if x is not None:
+            extra = {"log_likelihood": {"y": self._log_likelihood(x, y)},
+                     "observed_data": {"y": as_numpy(y).astype(np.int64)}}
+            dims["y"] = ["obs"]
         return samples_to_inference_data(
             samples, dims=dims, sample_stats=stats,
-            attrs={"tree": self.tree.describe(), "learner": self.learner_name})
+            attrs={**mcmc_attrs("Polya-Gamma block Gibbs per node (eqs. 3-4)",
+                                "independent chains from the GP prior, every sweep kept (no "
+                                "warm-up removed): r_hat and ESS diagnose the sampler"),
+                   "tree": self.tree.describe(), "learner": self.learner_name}, **extra)
 
 
 class SBMGP(GPTree):

@@ -418,9 +418,15 @@ class _KalmanLearner(ChunkLearner):
 
     # -- ArviZ ---------------------------------------------------------------------------------
     def _export(self, name: str, mean: np.ndarray, dims: list[str], coords: dict,
-                x: Any, y: Any, num_draws: int, seed: int, log_lik_fn, observed_fn) -> Any:
+                x: Any, y: Any, num_draws: int, seed: int, log_lik_fn, observed_fn,
+                num_chains: int | None = None) -> Any:
         """``gaussian_to_inference_data`` of ``N(mean, A)`` with the constants, the per-chunk
-        trajectories and, with ``x, y``, the pointwise log likelihood."""
+        trajectories and, with ``x, y``, the pointwise log likelihood. The draws are
+        independent (split into ``num_chains`` chains, default
+        :func:`ppl_cl.inference_data.default_chains`), from the filtered posterior of the
+        current weights ``w_n`` (eqs. 5 / 8): under the drift prior earlier points were
+        explained by earlier weights, so a log likelihood of the stream's past under ``w_n``
+        is not a leave-one-out of the model."""
         from ppl_cl.inference_data import gaussian_to_inference_data
 
         A = np.asarray(self.kalman_state.covariance, dtype=np.float64)
@@ -452,9 +458,10 @@ class _KalmanLearner(ChunkLearner):
             coords["time"] = h["points"]
             trajectories = {"gamma": h["gamma"], "alpha": h["alpha"], "loss": h["loss"]}
         return gaussian_to_inference_data(
-            {name: mean}, {name: A}, num_draws=num_draws, seed=seed, dims=dims, coords=coords,
-            log_likelihood=log_lik, observed_data=observed, constant_data=constants,
-            trajectories=trajectories)
+            {name: mean}, {name: A}, num_draws=num_draws, num_chains=num_chains, seed=seed,
+            dims=dims, coords=coords, log_likelihood=log_lik, observed_data=observed,
+            constant_data=constants, trajectories=trajectories,
+            posterior="Gaussian filtered posterior of the current readout (Kalman recursions)")
 
 
 class KalmanClassifier(_KalmanLearner):
@@ -503,8 +510,9 @@ class KalmanClassifier(_KalmanLearner):
         return CategoricalPredictive(np.asarray(probs, dtype=np.float64))
 
     def to_inference_data(self, x: Any = None, y: Any = None, *, num_draws: int = 500,
-                          seed: int = 0):
-        """ArviZ data of the filtered readout posterior ``q(W_n | y_{1:n})``.
+                          num_chains: int | None = None, seed: int = 0):
+        """ArviZ data of the filtered readout posterior ``q(W_n | y_{1:n})``: ``num_draws``
+        independent draws in ``num_chains`` chains (default: up to 4 of at least 4 draws).
 
         ``posterior.readout`` ``(chain, draw, class, feature)``: K independent rows
         ``N(M[:, k], A)`` sharing the covariance A (eqs. 7-8); ``filtering`` group: the per-chunk
@@ -524,7 +532,7 @@ class KalmanClassifier(_KalmanLearner):
         M = np.asarray(self.kalman_state.mean, dtype=np.float64).T          # (K, m)
         coords = {"class": np.arange(self.num_classes), "feature": np.arange(self.feature_dim)}
         return self._export("readout", M, ["class", "feature"], coords, x, y, num_draws, seed,
-                            log_lik, lambda v: v.astype(np.int64))
+                            log_lik, lambda v: v.astype(np.int64), num_chains)
 
 
 class KalmanRegressor(_KalmanLearner):
@@ -561,9 +569,10 @@ class KalmanRegressor(_KalmanLearner):
         return GaussianPredictive(np.asarray(mean), np.asarray(var))
 
     def to_inference_data(self, x: Any = None, y: Any = None, *, num_draws: int = 500,
-                          seed: int = 0):
-        """``posterior.weights`` ``(chain, draw, feature)`` from ``N(m_n, A_n)``; the
-        ``filtering`` trajectories; with ``x, y`` the pointwise ``log N(y | w^T phi, s2)``."""
+                          num_chains: int | None = None, seed: int = 0):
+        """``posterior.weights`` ``(chain, draw, feature)``: independent draws from
+        ``N(m_n, A_n)`` in ``num_chains`` chains; the ``filtering`` trajectories; with ``x, y``
+        the pointwise ``log N(y | w^T phi, s2)``."""
         from ppl_cl.inference_data import gaussian_log_likelihood
 
         s2 = self.noise_variance
@@ -573,4 +582,5 @@ class KalmanRegressor(_KalmanLearner):
 
         m = np.asarray(self.kalman_state.mean, dtype=np.float64)[:, 0]
         return self._export("weights", m, ["feature"], {"feature": np.arange(self.feature_dim)},
-                            x, y, num_draws, seed, log_lik, lambda v: v.astype(np.float64))
+                            x, y, num_draws, seed, log_lik, lambda v: v.astype(np.float64),
+                            num_chains)

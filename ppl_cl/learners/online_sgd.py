@@ -123,9 +123,10 @@ class OnlineSGDClassifier(ChunkLearner):
 
     def to_inference_data(self, *args: Any, **kwargs: Any):
         """A point estimate (one draw) of the head weights; SGD has no posterior."""
-        from ppl_cl.inference_data import samples_to_inference_data
+        from ppl_cl.inference_data import POINT_ESTIMATE, samples_to_inference_data
 
         w = np.asarray(self._require_state("to_inference_data").params["head"]["w"], dtype=np.float64).T
         return samples_to_inference_data({"head": w[None, None]},
                                          dims={"head": ["class", "feature"]},
-                                         attrs={"note": "online SGD point estimate, one draw"})
+                                         attrs={**POINT_ESTIMATE,
+                                                "note": "online SGD point estimate, one draw"})

@@ -155,15 +155,40 @@ class _MulticlassGibbs(Learner):
               for k, v in st.items()}
         self.state = self._state_cls(**st)
 
+    def _log_likelihood(self, f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``log p(y_n | f_n)`` of the likelihood the sampler targets, ``f (..., C, n)`` ->
+        ``(..., n)``."""
+        raise NotImplementedError
+
+    @torch.no_grad()
     def to_inference_data(self):
-        """The class functions at the training points over the sweeps of the last update:
-        ``f`` with dims ``(chain, draw, class, obs)``."""
-        from ppl_cl.inference_data import samples_to_inference_data
+        """The Gibbs chains of the last update at the training points (all data seen):
+        ``posterior.f`` with dims ``(chain, draw, class, obs)`` (every sweep after the prior
+        initialization, none removed as warm-up), ``log_likelihood.y`` = ``log p(y_n | f_n)``
+        per draw and ``observed_data.y`` (for ``az.loo`` / ``az.compare``), and
+        ``sample_stats``: ``log_lik`` (the log likelihood summed over points) and ``lp`` (that plus
+        ``sum_c log N(f_c | 0, K)``: the log posterior density of f up to a constant)."""
+        from ppl_cl.inference_data import mcmc_attrs, samples_to_inference_data
 
         if self.state is None:
             raise NotFittedError(f"{type(self).__name__}.to_inference_data before any update()")
-        return samples_to_inference_data({"f": as_numpy(self.f_trace.transpose(0, 1))},
-                                         dims={"f": ["class", "obs"]})
+        f = self.f_trace.transpose(0, 1)                                   # (ch, S, C, n)
+        ll = self._log_likelihood(f, self.y)                               # (ch, S, n)
+        L = jitter_cholesky(node_gram(self._params(), self.X), name="K")
+        n = self.X.shape[0]
+        white = torch.linalg.solve_triangular(L, f.reshape(-1, n).T, upper=False)
+        log_prior = (-0.5 * (white ** 2).sum(0) - torch.log(torch.diagonal(L)).sum()
+                     - 0.5 * n * np.log(2 * np.pi)).reshape(f.shape[:-1]).sum(-1)
+        ll_sum = ll.sum(-1)
+        return samples_to_inference_data(
+            {"f": as_numpy(f)}, dims={"f": ["class", "obs"], "y": ["obs"]},
+            log_likelihood={"y": as_numpy(ll)}, observed_data={"y": as_numpy(self.y)},
+            sample_stats={"log_lik": as_numpy(ll_sum),
+                          "lp": as_numpy(ll_sum + log_prior)},
+            attrs={**mcmc_attrs(f"Polya-Gamma Gibbs ({self.learner_name})",
+                                "independent chains from the GP prior, every sweep kept (no "
+                                "warm-up removed): r_hat and ESS diagnose the sampler"),
+                   "learner": self.learner_name})
 
 
 class LSMGibbsClassifier(_MulticlassGibbs):
@@ -195,6 +220,12 @@ class LSMGibbsClassifier(_MulticlassGibbs):
     def _likelihood(self, f):
         sig = torch.sigmoid(f)
         return sig / sig.sum(-2, keepdim=True)
+
+    def _log_likelihood(self, f, y):
+        # logistic-softmax: log sigma(f_y) - log sum_c sigma(f_c)
+        ls = torch.nn.functional.logsigmoid(f)                              # (..., C, n)
+        idx = y.expand(*f.shape[:-2], 1, -1)
+        return ls.gather(-2, idx).squeeze(-2) - torch.logsumexp(ls, dim=-2)
 
 
 class OVEGibbsClassifier(_MulticlassGibbs):
@@ -238,3 +269,12 @@ class OVEGibbsClassifier(_MulticlassGibbs):
         logp = ls.masked_fill(eye, 0.0).sum(-2)
         p = torch.exp(logp)
         return p / p.sum(-2, keepdim=True)
+
+    def _log_likelihood(self, f, y):
+        # the one-vs-each likelihood the sampler targets (Snell & Zemel 2021): the product
+        # prod_{c' != y} sigma(f_y - f_c'), a lower bound of the softmax, not normalized over
+        # classes (so az.compare with a normalized likelihood favours the other learner)
+        idx = y.expand(*f.shape[:-2], 1, -1)
+        f_y = f.gather(-2, idx)                                            # (..., 1, n)
+        ls = torch.nn.functional.logsigmoid(f_y - f)                       # (..., C, n)
+        return ls.sum(-2) - torch.nn.functional.logsigmoid(torch.zeros_like(f_y[..., 0, :]))

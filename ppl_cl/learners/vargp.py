@@ -279,7 +279,8 @@ class VARGP(Learner):
     # -- ArviZ ---------------------------------------------------------------------------------
     @torch.no_grad()
     def to_inference_data(self, num_draws: int = 200, x: Any = None, y: Any = None,
-                          seed: int = 0, max_elements: int = 2**24):
+                          seed: int = 0, max_elements: int = 2**24,
+                          num_chains: int | None = None):
         """ArviZ export of the current posterior: draws of ``theta ~ q_t(theta)`` (as
         ``log_variance (hyper_set)`` and ``log_lengthscale (hyper_set, feature)``) and, for
         each task ``j``, of the inducing outputs ``u_task{j} (class, inducing)`` from the joint
@@ -289,9 +290,11 @@ class VARGP(Learner):
         ``f | u, theta``), so ``az.loo`` works.
 
         Returns:
-            ``arviz.InferenceData`` with one chain of ``num_draws`` draws.
+            ``arviz.InferenceData`` of ``num_draws`` independent draws from the variational
+            posterior, split into ``num_chains`` chains (default: up to 4 of at least 4 draws;
+            the draws do not depend on it).
         """
-        from ppl_cl.inference_data import from_nested_dict
+        from ppl_cl.inference_data import from_nested_dict, iid_attrs, split_chains
 
         if not self.tasks:
             raise self._not_fitted("to_inference_data")
@@ -339,16 +342,19 @@ class VARGP(Learner):
             dims[name] = ["class", f"inducing_{j}"]
             constant[f"inducing_inputs_task{j}"] = as_numpy(s.inducing_inputs)
             dims[f"inducing_inputs_task{j}"] = ["inducing_class", f"inducing_{j}", "feature"]
-        groups: dict[str, Any] = {"posterior": posterior, "constant_data": constant}
+        groups: dict[str, Any] = {"posterior": split_chains(posterior, num_chains),
+                                  "constant_data": constant}
         coords: dict[str, Any] = {"hyper_set": np.arange(H), "class": np.arange(K),
                                   "feature": np.arange(self.input_dim)}
         if loglik:
-            groups["log_likelihood"] = {"y": as_numpy(torch.cat(loglik))[None]}
+            groups["log_likelihood"] = split_chains({"y": as_numpy(torch.cat(loglik))[None]},
+                                                    num_chains)
             groups["observed_data"] = {"y": as_numpy(yt)}
             dims["y"] = ["obs"]
             coords["obs"] = np.arange(yt.shape[0])
         return from_nested_dict(groups, dims=dims, coords=coords,
-                                attrs={"learner": "vargp", "guide": c.guide,
+                                attrs={**iid_attrs("variational q(theta) q(u | theta) (eq. 22)"),
+                                       "learner": "vargp", "guide": c.guide,
                                        "hyperparameters": c.hyperparameters,
                                        "num_tasks": self.num_updates})
 

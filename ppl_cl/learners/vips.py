@@ -233,10 +233,11 @@ class OnlineSGPR(Learner):
         self._history = history
 
     def to_inference_data(self, x: Any = None, y: Any = None, *, num_draws: int = 500,
-                          seed: int = 0):
-        """ArviZ InferenceData: draws of the latent ``f`` at ``x`` (default: the inducing inputs)
-        from ``q(f)``, with ``observed_data`` and a pointwise ``log_likelihood`` when ``y`` is
-        given; the per-batch trajectories of M, the bounds and the hyperparameters go to the
+                          num_chains: int | None = None, seed: int = 0):
+        """ArviZ InferenceData: independent draws of the latent ``f`` at ``x`` (default: the
+        inducing inputs) from ``q(f)``, in ``num_chains`` chains (default: up to 4 of at least 4
+        draws), with ``observed_data`` and a pointwise ``log_likelihood`` when ``y`` is given;
+        the per-batch trajectories of M, the bounds and the hyperparameters go to the
         filtering group, the current hyperparameters and inducing inputs to ``constant_data``.
         """
         from ppl_cl.inference_data import gaussian_log_likelihood, gaussian_to_inference_data
@@ -261,10 +262,11 @@ class OnlineSGPR(Learner):
         constant = {k.replace(".", "_"): v for k, v in hp.items()}
         constant["inducing_inputs"] = self.inducing_inputs
         return gaussian_to_inference_data(
-            {"f": mean}, {"f": cov}, num_draws=num_draws, seed=seed,
+            {"f": mean}, {"f": cov}, num_draws=num_draws, num_chains=num_chains, seed=seed,
             dims={"f": ["obs"], "y": ["obs"]}, coords={"obs": np.arange(x.shape[0]),
                                                         "time": np.arange(1, len(traj["m"]) + 1)},
-            constant_data=constant, trajectories=traj, **extra)
+            constant_data=constant, trajectories=traj, warn_jitter=False,
+            posterior="variational q(f) of the online sparse GP (Bui et al. 2017)", **extra)
 
 
 # -- helpers ----------------------------------------------------------------------------------

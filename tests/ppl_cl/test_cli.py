@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from ppl_cl.cli import main
@@ -49,7 +50,16 @@ def test_run_writes_a_progress_log_and_accepts_resume(tmp_path, capsys):
     assert main(["run", "exact-gp-synthetic", "--quick", "--out", str(out)]) == 0
     lines = (out / "progress.log").read_text().splitlines()
     assert "start exact-gp-synthetic seed=0 quick=True" in lines[0] and "done in" in lines[-1]
+    # one line per unit of work (the 4 batches), as the loop goes
+    assert [line.split("  ", 1)[1].split(" (")[0] for line in lines[1:5]] == [
+        f"batches: {i}/4" for i in range(1, 5)]
+    # --resume on the finished run says so and trains nothing (the log is untouched)
+    capsys.readouterr()
+    assert main(["run", "exact-gp-synthetic", "--quick", "--out", str(out), "--resume"]) == 0
+    assert "nothing to resume" in capsys.readouterr().err
+    assert (out / "progress.log").read_text().splitlines() == lines
     # --resume with nothing to resume from is a plain run; the log is kept and appended to
+    (out / "metrics.json").unlink()
     assert main(["run", "exact-gp-synthetic", "--quick", "--out", str(out), "--resume"]) == 0
     log = (out / "progress.log").read_text()
     assert log.count("start exact-gp-synthetic") == 1 and "resume exact-gp-synthetic" in log
@@ -57,7 +67,7 @@ def test_run_writes_a_progress_log_and_accepts_resume(tmp_path, capsys):
     other = RunContext(out_dir=out, resume=True, fingerprint={"experiment": "x", "seed": 1})
     other.save_checkpoint("unit", {"a": 1})
     mine = RunContext(out_dir=out, resume=True, fingerprint={"experiment": "x", "seed": 2})
-    with pytest.raises(Exception, match="different run \\(seed\\)"):
+    with pytest.raises(Exception, match="different run \\(seed: 1 -> 2\\)"):
         mine.load_checkpoint("unit")
     assert RunContext(out_dir=out, fingerprint={"seed": 2}).load_checkpoint("unit") is None
 
@@ -158,6 +168,13 @@ def test_cli_errors_are_one_line(capsys, tmp_path):
          "dataset=nosuchset: expected one of 'concrete'"),
         (["reproduce", "--only", "vargp-tooy"], "--only: unknown experiment(s) vargp-tooy"),
         (["run", "exact-gp-synthetic", "--threads", "0"], "--threads: expected an int >= 1"),
+        (["run", "exact-gp-synthetic", "--seed", "-1"], "--seed: expected an int in 0..4294967295"),
+        (["run", "exact-gp-synthetic", "--seed", str(2**32)], "--seed: expected an int in 0.."),
+        (["reproduce", "--seeds", "0", "-2"], "--seeds: expected an int in 0.."),
+        (["compare", "split-digits", "--seeds", "-1"], "--seeds: expected an int in 0.."),
+        (["sweep", "exact-gp-synthetic", "--seeds", "-1"], "--seeds: expected an int in 0.."),
+        (["run", "exact-gp-synthetic", "--data-dir", str(tmp_path / "nonexistent")],
+         "--data-dir " + str(tmp_path / "nonexistent") + ": no such folder"),
     ]
     for argv, message in cases:
         out = tmp_path / f"run{len(message)}"
@@ -170,6 +187,18 @@ def test_cli_errors_are_one_line(capsys, tmp_path):
     afile.write_text("x")
     assert main(["run", "exact-gp-synthetic", "--out", str(afile)]) == 2
     assert "expected a folder for the run, received the file" in capsys.readouterr().err
+    # a folder that cannot be made: the error names the option and the folder, one line
+    for argv in (["run", "exact-gp-synthetic", "--quick"], ["report", str(tmp_path)],
+                 ["reproduce", "--quick", "--only", "exact-gp-synthetic"]):
+        assert main(argv + ["--out", str(afile / "run")]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"ppl-cl: --out {afile / 'run'}: cannot create the folder") \
+            and err.count("\n") == 1, (argv, err)
+    assert main(["report", str(tmp_path), "--notes", str(tmp_path / "none.md")]) == 2
+    assert capsys.readouterr().err.startswith(f"ppl-cl: --notes {tmp_path / 'none.md'}: ")
+    # --data-dir that does not exist is an error even when PPL_CL_DATA names a real root
+    assert main(["data", "list", "--data-dir", str(tmp_path / "nonexistent")]) == 2
+    assert "no such folder" in capsys.readouterr().err
 
 
 def test_a_failed_run_is_status_1_and_leaves_nothing_report_would_read(tmp_path, capsys,
@@ -271,6 +300,10 @@ def test_reproduce_quick_synthetic_and_missing_data(tmp_data_root, tmp_path, cap
     code = main(["reproduce", "--quick", "--out", str(out), "--only", "exact-gp-synthetic",
                  "exact-gp-uci"])
     assert code == 0
+    # one line per experiment as it ends: its place, name, status and seconds
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("[1/2] exact-gp-synthetic: ok in ") and err[0].endswith(" s")
+    assert err[1].startswith("[2/2] exact-gp-uci: missing data in ")
     report = (out / "report.md").read_text()
     assert "| exact-gp-synthetic | rmse_batch4 |" in report
     assert "0.2 | Pescador-Barrios" in report  # the paper column is filled
@@ -309,7 +342,8 @@ def test_report_cells_keep_their_significant_digits():
 
     assert _fmt({"mean": 69.782, "std": 6.0293, "n": 3}) == "69.78 ± 6.0 (n = 3)"
     assert _fmt({"mean": 44.66, "std": 7.063, "n": 3}) == "44.66 ± 7.1 (n = 3)"
-    assert _fmt({"mean": 5.0, "std": 0.0, "n": 2}) == "5 ± 0 (n = 2)"
+    # the same number from every run is not replication: no "± 0"
+    assert _fmt({"mean": 5.0, "std": 0.0, "n": 2}) == "5 (the same in all 2 runs)"
     assert _fmt({"mean": 1517.0, "std": 96.17, "n": 2}) == "1517 ± 96 (n = 2)"
     assert _fmt({"mean": 1489.0, "std": 3.01, "n": 3}) == "1489 ± 3.0 (n = 3)"
     assert _fmt({"mean": 85.1, "std": 0.32, "n": 2}) == "85.10 ± 0.32 (n = 2)"
@@ -441,3 +475,136 @@ def test_report_pools_an_earlier_report_with_new_runs(tmp_data_root, tmp_path, c
     bad.write_text(json.dumps({"exact-gp-synthetic": {"status": "ok", "summary": {}}}))
     assert main(["report", str(bad), "--out", str(tmp_path / "bad")]) == 2
     assert "only reports written by `ppl-cl report`" in capsys.readouterr().err
+
+
+def test_a_run_uses_one_thread_unless_asked(tmp_path):
+    """Without --threads a run takes one thread for torch, BLAS and XLA (or OMP_NUM_THREADS
+    when the user set it): the libraries' own defaults (a thread per core) collapse beside any
+    other busy process. Checked in the run's own process (the variables are read when the
+    libraries load), with the tiny sweep-toy experiment."""
+    import os
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                        "XLA_FLAGS")}
+    env["PPL_CL_EXPERIMENTS"] = str(Path(__file__).with_name("sweep_experiments.py"))
+    repo = Path(__file__).resolve().parents[2]
+    for extra, user, want in (([], None, "1"), (["--threads", "2"], None, "2"),
+                              ([], "3", "3")):
+        out = tmp_path / f"t{want}"
+        run_env = dict(env, **({"OMP_NUM_THREADS": user} if user else {}))
+        r = subprocess.run([sys.executable, "-m", "ppl_cl.cli", "run", "sweep-toy", "--quick",
+                            "--out", str(out), *extra], env=run_env, cwd=repo,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        threads = json.loads((out / "metrics.json").read_text())["threads"]
+        assert threads["OMP_NUM_THREADS"] == want and threads["MKL_NUM_THREADS"] == want
+        assert f"intra_op_parallelism_threads={want}" in threads["XLA_FLAGS"]
+        assert ("--xla_cpu_multi_thread_eigen=false" in threads["XLA_FLAGS"]) == (want == "1")
+
+
+def test_resume_refuses_other_settings_naming_them_and_keeps_config_json(tmp_path, capsys,
+                                                                          monkeypatch):
+    """A stopped run resumed with a changed --set: one line naming the changed fields only
+    (dotted keys), config.json untouched; the unchanged settings resume; a finished run is
+    not trained again unless --force."""
+    spec = get("exact-gp-synthetic")
+    calls = []
+
+    def stops_once(config, ctx):
+        calls.append(ctx.resume)
+        if ctx.load_checkpoint("unit") is None:
+            ctx.save_checkpoint("unit", {"done": 1})
+            raise ArithmeticError("stopped")
+        return {"summary": {"rmse": 1.0}}
+
+    monkeypatch.setattr(spec, "run", stops_once)
+    out = tmp_path / "r"
+    assert main(["run", "exact-gp-synthetic", "--out", str(out)]) == 1
+    config = (out / "config.json").read_bytes()
+    capsys.readouterr()
+    assert main(["run", "exact-gp-synthetic", "--out", str(out), "--resume",
+                 "--set", "learner.noise_variance=0.3", "--set", "n_batches=2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "other settings" in err
+    assert "config.learner.noise_variance: 0.5 -> 0.3" in err and "config.n_batches: 4 -> 2" in err
+    assert "config.learner.kernel" not in err and "max_iterations" not in err
+    assert (out / "config.json").read_bytes() == config and len(calls) == 1
+    assert main(["run", "exact-gp-synthetic", "--out", str(out), "--resume"]) == 0
+    assert calls == [False, True] and (out / "metrics.json").is_file()
+    capsys.readouterr()
+    assert main(["run", "exact-gp-synthetic", "--out", str(out), "--resume"]) == 0
+    assert "finished run of these settings: nothing to resume" in capsys.readouterr().err
+    assert calls == [False, True]
+    assert main(["run", "exact-gp-synthetic", "--out", str(out), "--resume", "--force"]) == 1
+    assert calls == [False, True, False]          # --force: retrained from the start
+
+
+@pytest.mark.data("uci-gal/concrete")
+def test_exact_gp_uci_seed_picks_the_gal_split(tmp_path, capsys):
+    """The seed picks the Gal split (unless --set split=K), so seeds replicate over splits;
+    posterior.nc holds the training points in log_likelihood, the test points in
+    predictions."""
+    import arviz as az
+
+    small = ["--set", "max_train=60", "--set", "learner.max_iterations=5",
+             "--set", "posterior_draws=8"]
+    got = {}
+    for seed in (0, 1):
+        out = tmp_path / f"s{seed}"
+        assert main(["run", "exact-gp-uci", "--seed", str(seed), "--out", str(out), *small]) == 0
+        got[seed] = json.loads((out / "metrics.json").read_text())
+        assert got[seed]["split"] == seed
+    assert got[0]["summary"]["rmse"] != got[1]["summary"]["rmse"]
+    idata = az.from_netcdf(str(tmp_path / "s1" / "posterior.nc"))
+    assert idata.attrs["sampling"] == "independent draws"
+    assert idata.log_likelihood["y"].shape == (2, 4, 60)
+    n_test = got[1]["summary"]["n_test"]
+    assert idata.predictions["y"].shape == (2, 4, n_test)
+    assert idata.predictions_constant_data["x"].shape[0] == n_test
+    out = tmp_path / "fixed"
+    assert main(["run", "exact-gp-uci", "--seed", "1", "--set", "split=0", "--out", str(out),
+                 *small]) == 0
+    assert json.loads((out / "metrics.json").read_text())["split"] == 0
+    assert main(["run", "exact-gp-uci", "--seed", "25", "--out", str(tmp_path / "s25"),
+                 *small]) == 2
+    assert "--seed 25 picks split 25" in capsys.readouterr().err
+
+
+def test_vargp_toy_logs_every_task_and_its_figure_has_a_colour_bar(tmp_path):
+    import matplotlib
+
+    from ppl_cl.experiments.vargp import densities_figure
+
+    out = tmp_path / "toy"
+    assert main(["run", "vargp-toy", "--quick", "--out", str(out), "--set", "variants=[var_gp]",
+                 "--set", "learner.max_epochs=2", "--set", "grid_size=6",
+                 "--set", "n_per_class=6", "--set", "n_test_per_class=6"]) == 0
+    log = (out / "progress.log").read_text()
+    assert "var_gp: task 1/2:" in log and "var_gp: task 2/2:" in log
+    dens = [np.full((6, 6, 4), 0.25)] * 2
+    x, y = np.zeros((4, 2)), np.arange(4)
+    fig = densities_figure(dens, x, y, [(0, 1), (2, 3)], "toy")
+    panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    assert len(panels) == 8 and len(bars) == 1 and bars[0].get_ylabel() == "p(y = class | x)"
+    assert panels[-1].get_xlabel() == "$x_1$" and "$x_2$" in panels[0].get_ylabel()
+    assert len(panels[0].get_xticks()) == 3
+    matplotlib.pyplot.close(fig)
+
+
+def test_readme_exports_the_data_root_once():
+    """The README's set-up command exports PPL_CL_DATA (so every later example in that shell
+    finds the data) and still ends with the quick reproduction; no later example sets it."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+    setup = blocks[0].strip()
+    assert setup.count("\n") == 0 and "export PPL_CL_DATA=" in setup
+    assert setup.index("export PPL_CL_DATA=") < setup.index("ppl-cl reproduce --quick")
+    assert blocks[1].strip() == ".venv/bin/python -m pytest"
+    for block in blocks[2:]:
+        assert "PPL_CL_DATA" not in block, block

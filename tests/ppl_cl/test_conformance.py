@@ -9,7 +9,9 @@ protocol of ``ppl_cl.learner``), on a tiny synthetic stream of the learner's kin
 * ``save`` then ``type(learner).load`` and ``ppl_cl.learners.load_learner`` give learners that
   predict what the original predicts and, after the same third batch, still predict what the
   uninterrupted original predicts (exact resume);
-* ``to_inference_data`` returns ``arviz.InferenceData`` with a ``posterior`` group.
+* ``to_inference_data`` returns ``arviz.InferenceData`` with a ``posterior`` group, a
+  ``sampling`` attribute, and (unless it is a point estimate) draws that ``az.summary``
+  diagnoses without a shape warning.
 
 A learner added to ``LEARNERS`` without a case in :data:`CASES` fails
 :func:`test_every_learner_has_a_conformance_case`. Synthetic NumPy data only; settings tiny
@@ -68,7 +70,7 @@ CASES: dict[str, Case] = {
     "vargp": Case(dict(num_classes=4, inducing_per_task=4, batch_size=12, max_epochs=2,
                        num_theta_samples=1, num_f_samples=2, num_predict_samples=2,
                        num_predict_f_samples=4, beta=1.0, dtype="float64"),
-                  "classification", dict(num_draws=4), probe_idata=True),
+                  "classification", dict(num_draws=8), probe_idata=True),
     # identity features (the default) with learned forgetting and calibration: fine-tuning a
     # network adds seconds of compilation; its resume is checked in test_kalman.py, and the
     # tiny MLP with replay runs in the online-SGD case below
@@ -259,3 +261,11 @@ def test_learner_conforms_to_the_protocol(name, tmp_path):
     assert len(idata.posterior.data_vars) > 0
     for var in idata.posterior.data_vars.values():
         assert var.dims[:2] == ("chain", "draw") and np.isfinite(var.values).all()
+    # every file says how its draws were made; draws (not a point estimate) pass ArviZ's
+    # shape checks (at least 2 chains of 4 draws: az.summary warns otherwise, and warnings are
+    # errors here), so r_hat and ESS are numbers
+    sampling = idata.attrs["sampling"]
+    assert sampling in ("independent draws", "markov chains", "point estimate"), sampling
+    if sampling != "point estimate":
+        summary = az.summary(idata, kind="diagnostics")
+        assert np.isfinite(summary["r_hat"]).all() and np.isfinite(summary["ess_bulk"]).all()

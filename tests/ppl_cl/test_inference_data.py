@@ -259,21 +259,29 @@ def test_netcdf_round_trip_of_every_group(tmp_path):
     y = rng.normal(size=n)
 
     def log_lik(d):  # y_i ~ N(w_0, 1): a narrow posterior, so PSIS-LOO is well behaved
-        w0 = np.broadcast_to(d["w"][..., :1], (1, S, n))
+        w0 = np.broadcast_to(d["w"][..., :1], d["w"].shape[:2] + (n,))
         return pointwise_log_likelihood(gaussian_log_likelihood(w0, y, 1.0))
 
     idata = gaussian_to_inference_data(
         {"w": np.zeros(2)}, {"w": 0.01 * np.eye(2)}, num_draws=S, seed=0,
-        dims={"w": ["feature"], "y": ["obs"], "mean": ["feature"]},
+        dims={"w": ["feature"], "y": ["obs"], "mean": ["feature"], "w_new": ["obs_new"],
+              "x_new": ["obs_new"]},
         coords={"feature": ["a", "b"], "time": np.arange(4) * 10},
         log_likelihood=log_lik, observed_data={"y": y},
         constant_data={"noise_variance": np.array([0.1])},
-        sample_stats={"lp": rng.normal(size=(1, S))},
+        sample_stats={"lp": rng.normal(size=(4, S // 4))},
         trajectories={"gamma": np.array([1.0, 0.9, 0.7, 0.8]), "mean": rng.normal(size=(4, 2))},
+        predictions=lambda d: {"w_new": d["w"][..., 0:1] + np.zeros(3)},
+        predictions_constant_data={"x_new": np.arange(3.0)},
         attrs={"learner": "kalman", "num_tasks": 3})
+    # independent draws: 4 chains by default, and the attributes say so
+    assert idata.posterior["w"].shape == (4, S // 4, 2)
+    assert idata.attrs["sampling"] == "independent draws"
     groups = ["posterior", "log_likelihood", "sample_stats", "observed_data", "constant_data",
-              FILTERING_GROUP]
+              "predictions", "predictions_constant_data", FILTERING_GROUP]
     assert set(groups) <= set(idata.groups())
+    np.testing.assert_array_equal(idata.predictions["w_new"].values[..., 2],
+                                  idata.posterior["w"].values[..., 0])
     assert idata.filtering["mean"].dims == ("time", "feature")
     np.testing.assert_array_equal(idata.filtering["time"].values, [0, 10, 20, 30])
     path = tmp_path / "posterior.nc"
@@ -287,7 +295,32 @@ def test_netcdf_round_trip_of_every_group(tmp_path):
             np.testing.assert_array_equal(loaded[var].values, original[var].values)
         assert loaded.attrs["learner"] == "kalman"
         assert int(loaded.attrs["num_tasks"]) == 3
+    assert back.attrs["sampling"] == "independent draws"
     assert np.isfinite(az.loo(back).elpd_loo)
+
+
+def test_chains_of_independent_draws():
+    """default_chains: up to 4 chains of at least 4 draws; split_chains keeps the order;
+    gaussian_draws gives the same draws whatever the chain count."""
+    from ppl_cl.inference_data import default_chains, split_chains
+
+    assert [default_chains(n) for n in (1, 7, 8, 10, 12, 50, 200, 15)] == [1, 1, 2, 2, 3, 2, 4, 3]
+    a = np.arange(24.0).reshape(1, 12, 2)
+    np.testing.assert_array_equal(split_chains({"a": a})["a"], a.reshape(3, 4, 2))
+    np.testing.assert_array_equal(split_chains({"a": a}, 2)["a"].reshape(1, 12, 2), a)
+    with pytest.raises(ValueError, match="multiple of num_chains"):
+        split_chains({"a": a}, 5)
+    with pytest.raises(ValueError, match=r"expected shape \(1, draws, ...\)"):
+        split_chains({"a": np.zeros((2, 3))})
+    one = gaussian_draws({"f": np.zeros(3)}, {"f": SIGMA3}, num_draws=12, seed=4)["f"]
+    four = gaussian_draws({"f": np.zeros(3)}, {"f": SIGMA3}, num_draws=12, num_chains=4,
+                          seed=4)["f"]
+    assert one.shape == (1, 12, 3) and four.shape == (4, 3, 3)
+    np.testing.assert_array_equal(four.reshape(1, 12, 3), one)
+    summary = az.summary(samples_to_inference_data(
+        gaussian_draws({"f": np.zeros(3)}, {"f": SIGMA3}, num_draws=4000, num_chains=4)),
+        kind="diagnostics")
+    assert (summary["r_hat"] < 1.01).all()
 
 
 # -- validation -----------------------------------------------------------------------------------

@@ -131,10 +131,10 @@ def test_to_inference_data_draws_the_basis_around_its_mean():
     for t in range(3):
         g.update(Batch(*tasks[t], task_id=t))
     idata = g.to_inference_data(num_draws=400, seed=1)
-    L_draws = np.asarray(idata.posterior["L"])
-    assert L_draws.shape == (1, 400, D, 2)
-    theta = np.asarray(idata.posterior["theta"])
-    assert theta.shape == (1, 400, 3, D)
+    assert idata.posterior["L"].shape == (4, 100, D, 2)          # independent draws, 4 chains
+    assert idata.attrs["sampling"] == "independent draws"
+    L_draws = np.asarray(idata.posterior["L"]).reshape(1, 400, D, 2)
+    theta = np.asarray(idata.posterior["theta"]).reshape(1, 400, 3, D)
     np.testing.assert_allclose(theta[0, 0], g.codes @ L_draws[0, 0].T, rtol=1e-12)
     # mean of the draws within 5 Monte Carlo standard errors of L
     se = L_draws[0].std(axis=0) / math.sqrt(400)

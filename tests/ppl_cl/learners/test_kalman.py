@@ -246,14 +246,15 @@ def test_to_inference_data_exports_readout_posterior_and_trajectories(tmp_path):
     for c in online_chunks(x, y, 10):
         learner.update(c)
     idata = learner.to_inference_data(x[:7], y[:7], num_draws=4000, seed=1)
-    draws = idata.posterior["readout"].values
-    assert draws.shape == (1, 4000, 4, 6)
+    assert idata.posterior["readout"].shape == (4, 1000, 4, 6)    # independent draws, 4 chains
+    assert idata.attrs["sampling"] == "independent draws"
+    draws = idata.posterior["readout"].values.reshape(1, 4000, 4, 6)
     M = np.asarray(learner.kalman_state.mean).T
     A = np.asarray(learner.kalman_state.covariance)
     se = np.sqrt(np.diag(A) / 4000)
     assert np.all(np.abs(draws[0].mean(0) - M) < 4.5 * se[None, :])
     np.testing.assert_allclose(np.cov(draws[0, :, 2, :].T), A, atol=6 * A.max() / np.sqrt(4000))
-    assert idata.log_likelihood["y"].shape == (1, 4000, 7)
+    assert idata.log_likelihood["y"].shape == (4, 1000, 7)
     np.testing.assert_array_equal(idata.observed_data["y"].values, y[:7])
     traj = idata["filtering"]
     np.testing.assert_array_equal(traj["time"].values, [10, 20, 30, 40, 50])
@@ -264,7 +265,11 @@ def test_to_inference_data_exports_readout_posterior_and_trajectories(tmp_path):
     idata.to_netcdf(str(tmp_path / "post.nc"))
     reg = KalmanRegressor(input_dim=2)
     reg.update(Batch(np.ones((4, 2)), np.arange(4.0)))
-    assert reg.to_inference_data(num_draws=10).posterior["weights"].shape == (1, 10, 2)
+    assert reg.to_inference_data(num_draws=10).posterior["weights"].shape == (2, 5, 2)
+    assert reg.to_inference_data(num_draws=10, num_chains=1).posterior["weights"].shape == \
+        (1, 10, 2)
+    with pytest.raises(ValueError, match="multiple of num_chains"):
+        reg.to_inference_data(num_draws=10, num_chains=4)
 
 
 def test_float64_learners_switch_x64_on_by_themselves():

@@ -349,16 +349,17 @@ def test_to_inference_data_has_theta_and_inducing_values(blobs, tmp_path):
     idata = learner.to_inference_data(num_draws=50, x=blobs["xt"], y=blobs["yt"],
                                       max_elements=2000)                  # forces chunking
     post = idata.posterior
-    assert post["log_variance"].shape == (1, 50, 1)
-    assert post["log_lengthscale"].shape == (1, 50, 1, 2)
-    assert post["u_task1"].shape == (1, 50, 4, 5) and post["u_task2"].shape == (1, 50, 4, 5)
+    assert idata.attrs["sampling"] == "independent draws"      # 50 draws in 2 chains of 25
+    assert post["log_variance"].shape == (2, 25, 1)
+    assert post["log_lengthscale"].shape == (2, 25, 1, 2)
+    assert post["u_task1"].shape == (2, 25, 4, 5) and post["u_task2"].shape == (2, 25, 4, 5)
     assert post["u_task1"].dims == ("chain", "draw", "class", "inducing_1")
     assert idata.constant_data["inducing_inputs_task2"].shape == (4, 5, 2)
-    assert idata.log_likelihood["y"].shape == (1, 50, len(blobs["yt"]))
+    assert idata.log_likelihood["y"].shape == (2, 25, len(blobs["yt"]))
     assert np.isfinite(idata.log_likelihood["y"].values).all()
     # draws of theta follow q(theta): means within 5 standard errors
     q = learner.hyper
-    draws = post["log_lengthscale"].values[0, :, 0]
+    draws = post["log_lengthscale"].values.reshape(50, 1, 2)[:, 0]
     se = q.scale[0, 1:].numpy() / np.sqrt(50)
     assert (np.abs(draws.mean(0) - q.loc[0, 1:].numpy()) < 5 * se).all()
     summary = az.summary(idata, var_names=["log_variance"], kind="stats")
@@ -376,8 +377,8 @@ def test_inducing_draws_match_the_closed_form_joint(blobs):
     learner.update(blobs["train"][1])
     n = 4000
     idata = learner.to_inference_data(num_draws=n, seed=3)
-    u = np.concatenate([idata.posterior["u_task1"].values[0],
-                        idata.posterior["u_task2"].values[0]], axis=-1)   # (n, K, M)
+    u = np.concatenate([idata.posterior["u_task1"].values.reshape(n, 4, -1),
+                        idata.posterior["u_task2"].values.reshape(n, 4, -1)], axis=-1)  # (n, K, M)
     from models.vargp_math import kernel_theta
 
     theta = kernel_theta(learner.hyper.draws(1))

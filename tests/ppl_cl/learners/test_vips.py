@@ -151,8 +151,8 @@ def test_to_inference_data_has_f_draws_and_trajectories():
     gp.update(Batch(x[:12], y[:12]))
     gp.update(Batch(x[12:], y[12:]))
     idata = gp.to_inference_data(x, y, num_draws=50)
-    assert idata.posterior["f"].shape == (1, 50, 24)
-    assert idata.log_likelihood["y"].shape == (1, 50, 24)
+    assert idata.posterior["f"].shape == (2, 25, 24)     # 50 independent draws in 2 chains
+    assert idata.log_likelihood["y"].shape == (2, 25, 24)
     groups = idata.groups()
     traj = idata[[g for g in groups if g not in ("posterior", "log_likelihood", "observed_data",
                                                  "constant_data")][0]]
@@ -161,7 +161,7 @@ def test_to_inference_data_has_f_draws_and_trajectories():
     # draws centred on the predictive mean
     mean = gp.predict(x, latent=True).mean
     sd = np.sqrt(gp.predict(x, latent=True).variance)
-    z = (idata.posterior["f"].values[0].mean(0) - mean) / (sd / np.sqrt(50))
+    z = (idata.posterior["f"].values.reshape(50, 24).mean(0) - mean) / (sd / np.sqrt(50))
     assert np.all(np.abs(z) < 5)
 
 
