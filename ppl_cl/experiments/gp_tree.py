@@ -668,11 +668,6 @@ def run_gptree_fscil(config: GPTreeFSCILConfig, ctx: RunContext) -> dict:
             curves["ncm"].append(accs)
             forget["ncm"].append([forgetting(R[:k + 1, :k + 1]) for k in range(1, len(sessions))])
             ctx.log(f"run {run} ncm: " + ", ".join(f"{a:.1f}" for a in accs))
-        ctx.save_checkpoint(f"seed{seed}", {
-            "results": {m: {str(C): r[C][-1] for C in r if len(r[C]) == seed + 1}
-                        for m, r in results.items()},
-            "selected": {m: {str(C): r[C][-1] for C in r if len(r[C]) == seed + 1}
-                         for m, r in selected.items()}})
         (ctx.out_dir / "partial.json").write_text(json.dumps(
             {"runs_done": run + 1, "curves": curves, "forgetting": forget}, indent=1))
     curves_np = {k: np.asarray(v) for k, v in curves.items()}
