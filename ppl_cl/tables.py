@@ -593,21 +593,36 @@ def gptree_dkl(results: Results) -> str:
 
 
 def gptree_speed(results: Results) -> str:
-    """``benchmarks/gp_tree.py``: PG draws per second against ``polyagamma`` and Gibbs sweeps
-    per second against the reference scheme (every number its JSON holds at the top level of
-    ``draws`` / ``sweeps``)."""
-    data = _bench("gp_tree")
+    """``benchmarks/gp_tree.py``: PG(1, z) draws per second (ours float64 / float32 against
+    ``polyagamma``) and Gibbs sweeps per second of a 30-chain node (ours, the reference PG
+    scheme, the reference code's own sweep), wall clock and CPU time."""
+    data = _bench("gp_tree") or {}
+
+    def num(v, d=2):
+        return "—" if v is None else f"{v:,.{d}f}"
+
     rows = []
-    if data is not None:
-        for section in ("draws", "sweeps"):
-            for name, row in (data.get(section) or {}).items():
-                if isinstance(row, dict):
-                    cells = ", ".join(f"{k} {format_value(v, 3)}" for k, v in row.items()
-                                      if isinstance(v, (int, float)) and not isinstance(v, bool))
-                    rows.append([section, name, cells])
+    for r in data.get("pg_draws", []):
+        rows.append([f"PG draws / s, z: {r.get('z')}",
+                     f"{num(r.get('ours_float64_draws_per_s'), 0)} / "
+                     f"{num(r.get('ours_float32_draws_per_s'), 0)}",
+                     num(r.get("polyagamma_draws_per_s"), 0),
+                     f"{num(r.get('ours_float64_over_polyagamma'))} / "
+                     f"{num(r.get('ours_float32_over_polyagamma'))}"])
+    for r in data.get("gibbs_sweeps", []):
+        for clock, suffix in (("wall", ""), ("CPU", "_cpu")):
+            ours = r.get(f"ours_sweeps_per_s{suffix}")
+            ref = r.get(f"reference_pg_scheme_sweeps_per_s{suffix}")
+            code = r.get(f"reference_code_sweeps_per_s{suffix}")
+            rows.append([f"Gibbs sweeps / s, {r.get('node_size')} points, {r.get('chains')} "
+                         f"chains ({clock})", num(ours), f"{num(ref)} / {num(code)}",
+                         f"{num(None if not (ours and ref) else ours / ref)} / "
+                         f"{num(None if not (ours and code) else ours / code)}"])
     if not rows:
-        rows = [["—", "—", "—"]]
-    return table(["what", "case", "measured"], rows, results)
+        rows = [["—", "—", "—", "—"]]
+    return table(["what", "ours (f64 / f32 for draws)",
+                  "peer: polyagamma, or reference PG scheme / reference code",
+                  "ratio ours / peer"], rows, results)
 
 
 COMPARE_STREAMS = ("split-mnist", "split-digits", "permuted-mnist", "letter-sessions",

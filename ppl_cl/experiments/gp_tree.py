@@ -96,8 +96,8 @@ class GPTreeClassesConfig:
     at <= 6 / 8 / 10 classes (App. C.1) and only up to ``ove_max_classes``.
 
     Kernel. Without ``grid``: RBF on L2-normalized features with the fixed output scale 8 and
-    lengthscale 1 of the paper's Gibbs nodes (App. C.3, ``learner``) for every method, and
-    every test example is a test example. With ``grid`` (App. C.1: "a grid search over the
+    lengthscale 1 of the paper's Gibbs nodes (App. C.3, ``learner``) for every method, all
+    test examples used for testing. With ``grid`` (App. C.1: "a grid search over the
     kernel type, either normalized linear kernel or normalized RBF kernel ... The output scale
     for the linear kernel was chosen based on a grid search in {1, 4, 9, 18}"): every method of
     ``GRID_METHODS`` is fitted once per cell of ``grid_kernels`` x ``grid_outputscales`` (the
