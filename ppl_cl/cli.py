@@ -44,13 +44,12 @@ def _parse_sets(items: list[str] | None) -> dict[str, str]:
 
 def _default_threads() -> int:
     """The thread count of a run without ``--threads``: ``OMP_NUM_THREADS`` when the user set
-    it, else 1. Not the libraries' defaults (one thread per core): beside any other busy
-    process, torch / XLA / BLAS threads that wait on each other at every parallel region slow
-    a run down far more than in proportion (``vargp-split-digits --quick`` beside one busy core
-    of two: 12 s with one thread, not finished after 150 s with two), while these small
-    problems gain little from a second thread on an idle machine; a rule reading the load
-    average would see the other job late (it is a one-minute average) and not the jobs that
-    start after this run."""
+    it, else 1. Not the libraries' defaults (a thread per core): beside any other busy
+    process, torch / XLA / BLAS threads that wait for each other at every parallel region slow
+    a run down far more than in proportion, while the problems a run solves gain little from
+    a second thread on an idle machine. Not a rule that reads the load average either: that is
+    a one-minute average (it sees a job late and a finished one long after), and it cannot see
+    the jobs that start after this run."""
     env = os.environ.get("OMP_NUM_THREADS", "").strip()
     if env.isdigit() and int(env) >= 1:
         return int(env)

@@ -32,7 +32,7 @@ from ppl_cl.errors import ConfigError
 
 FORMAT_VERSION = 1
 __all__ = ["FORMAT_VERSION", "save_tree", "load_tree", "atomic_write_bytes", "atomic_write_text",
-           "make_folder", "CheckpointError"]
+           "make_folder", "read_meta", "CheckpointError"]
 
 
 class CheckpointError(RuntimeError):
@@ -118,6 +118,19 @@ def save_tree(path: str | os.PathLike, tree: Any, meta: dict[str, Any] | None = 
     np.savez(buf, __meta__=np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8),
              **arrays)
     atomic_write_bytes(path, buf.getvalue())
+
+
+def read_meta(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The ``meta`` of a checkpoint written by :func:`save_tree`, without reading its arrays;
+    ``None`` when the file is not a readable checkpoint (:func:`load_tree` says why)."""
+    try:
+        with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as npz:
+            header = json.loads(npz["__meta__"].tobytes().decode("utf-8"))
+    except (zipfile.BadZipFile, EOFError, zlib.error, ValueError, KeyError, OSError,
+            UnicodeDecodeError):
+        return None
+    meta = header.get("meta") if isinstance(header, dict) else None
+    return meta if isinstance(meta, dict) else None
 
 
 def load_tree(path: str | os.PathLike, device: Any = None) -> tuple[Any, dict[str, Any]]:

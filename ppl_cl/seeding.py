@@ -18,10 +18,11 @@ MAX_SEED = 2**32 - 1
 def check_seed(seed: Any, option: str = "--seed") -> int:
     """``seed`` as an int in ``0 .. 2**32 - 1``, else a :class:`ConfigError` naming
     ``option``."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) \
+            or not 0 <= seed <= MAX_SEED:
         raise ConfigError(f"{option}: expected an int in 0..{MAX_SEED} (2**32 - 1), received "
                           f"{seed!r}")
-    return seed
+    return int(seed)
 
 
 def seed_everything(seed: int) -> None:

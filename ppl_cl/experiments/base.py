@@ -45,7 +45,7 @@ from typing import Any, Callable
 from ppl_cl.configs import apply_overrides
 from ppl_cl.errors import ConfigError, DeviceError, Terminated
 from ppl_cl.persist import (CheckpointError, atomic_write_text, load_tree, make_folder,
-                            save_tree)
+                            read_meta, save_tree)
 from ppl_cl.progress import progress, progress_enabled
 from ppl_cl.provenance import code_version, machine_info
 from ppl_cl.seeding import check_seed, seed_everything
@@ -53,6 +53,7 @@ from ppl_cl.seeding import check_seed, seed_everything
 __all__ = ["PaperNumber", "Claim", "ExperimentSpec", "check_device", "check_seed", "make_folder",
            "config_differences", "RunContext", "register", "build_config", "run_spec",
            "registered_specs", "ConfigError", "DeviceError", "Terminated"]
+
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(value, dict) and value:
@@ -456,10 +457,13 @@ def run_spec(spec: ExperimentSpec, *, quick: bool = False, seed: int = 0, device
     fingerprint = {"experiment": name, "seed": seed, "quick": quick,
                    "config": _jsonable(config)}
     finished = (out_dir / "metrics.json").exists()
-    if resume and not force:
-        recorded = _recorded_fingerprint(out_dir)
-        if recorded is not None:
-            diff = config_differences(recorded, fingerprint)
+    if resume and not (force and finished):
+        # the run recorded in config.json and the one every checkpoint was written by
+        recorded = [_recorded_fingerprint(out_dir)] + [
+            (read_meta(p) or {}).get("run")
+            for p in sorted((out_dir / CHECKPOINT_DIR).glob("*.npz"))]
+        for rec in filter(None, recorded):
+            diff = config_differences(rec, fingerprint)
             if diff:
                 raise ConfigError(f"--resume: {out_dir} holds a run of other settings "
                                   f"({'; '.join(diff)}); resume with the original settings, "

@@ -154,3 +154,43 @@ def test_list(capsys):
     out = capsys.readouterr().out
     for name in list(C.STREAMS) + list(C.LEARNERS):
         assert name in out
+
+
+def test_kalman_takes_table3_settings_of_the_streams_kind():
+    """Table 3's non-stationary settings (Always Markov, bias) where a unit holds only some
+    classes, the stationary ones (Last Step Markov, no bias) where every unit holds every
+    class: with the bias a learned drift explains balanced classes by the intercepts and
+    stays at chance (docs/compare.md)."""
+    shifted = C.build_stream("split-digits", C.CompareConfig(n_units=2, n_train=5, n_test=5))
+    assert C.label_shift(shifted)
+    c = C._kalman_config(shifted, 0)
+    assert (c.transition, c.feature_bias, c.learn_forgetting) == ("always", True, True)
+    x = np.concatenate([np.asarray(u.train.x) for u in shifted.units])
+    y = np.arange(len(x)) % 10
+    balanced = C.Stream("all-classes", "classification",
+                        [C.Unit(Batch(x, y), Batch(x, y))] * 2, 10)
+    assert not C.label_shift(balanced)
+    c = C._kalman_config(balanced, 0)
+    assert (c.transition, c.feature_bias, c.learn_forgetting) == ("last", False, True)
+
+
+@pytest.mark.data("mnist")
+def test_kalman_learns_on_permuted_mnist():
+    """On the first task of permuted-mnist (600 points, all 10 classes) the Kalman row learns
+    with the stream's settings (the full stream: docs/compare.md)
+    where the non-stationary settings stay near chance."""
+    import dataclasses
+
+    from ppl_cl.data.streams import online_chunks
+    from ppl_cl.learners.kalman import KalmanClassifier
+    from ppl_cl.protocols import prequential
+
+    stream = C.build_stream("permuted-mnist", C.CompareConfig(n_units=1, n_train=600,
+                                                              n_test=10))
+    unit = stream.units[0]
+    chunks = online_chunks(np.asarray(unit.train.x), np.asarray(unit.train.y), 10)
+    chosen = C._kalman_config(stream, 0)
+    accuracy = prequential(KalmanClassifier(chosen), chunks).correct.mean()
+    assert accuracy > 0.5
+    biased = dataclasses.replace(chosen, transition="always", feature_bias=True)
+    assert prequential(KalmanClassifier(biased), chunks).correct.mean() < 0.2

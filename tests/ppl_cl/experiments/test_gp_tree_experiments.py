@@ -37,6 +37,21 @@ def test_gptree_classes_tiny(tmp_path):
     assert s["acc_gptree_4"] > 50.0                      # chance is 25 %
     assert (tmp_path / "accuracy_vs_classes.png").exists()
     assert json.loads((tmp_path / "partial.json").read_text())["seeds_done"] == 2
+    # every Gibbs method's chains in a file of its own: real chains with sample_stats, and the
+    # same training points in every log_likelihood, so az.compare works across the methods
+    import arviz as az
+
+    assert m["posterior_files"] == [f"posterior_{k}.nc" for k in
+                                    ("gptree", "gptree_rnd", "sbm", "lsm", "ove")]
+    files = {k: az.from_netcdf(str(tmp_path / f"posterior_{k}.nc")) for k in ("gptree", "lsm")}
+    for idata in files.values():
+        assert idata.attrs["sampling"] == "markov chains" and "sample_stats" in idata.groups()
+        assert idata.log_likelihood["y"].shape == (4, 50, 24)        # 4 chains x 50 sweeps
+    np.testing.assert_array_equal(files["gptree"].observed_data["y"].values,
+                                  files["lsm"].observed_data["y"].values)
+    summary = az.summary(files["gptree"], var_names=list(files["gptree"].posterior)[:1],
+                         kind="diagnostics")
+    assert np.isfinite(summary["r_hat"]).all()
 
 
 @pytest.mark.data("letter")

@@ -141,7 +141,7 @@ def test_stopped_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
     """A run killed mid-stream (here: in the ablation's third task) and continued with
     ``resume=True`` gives the same accuracy matrices and training records as a run that was
     never stopped; a resume with other settings is refused; checkpoints go once done."""
-    from ppl_cl.persist import CheckpointError
+    from ppl_cl.errors import ConfigError
 
     kw = dict(**QUICK, overrides={"ablations": "[block_diag]", "learner.max_epochs": "3"})
     whole = run_experiment("vargp-split-digits", out=tmp_path / "whole", **kw)
@@ -161,9 +161,18 @@ def test_stopped_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
     monkeypatch.setattr(VARGP, "update", real_update)
     assert sorted(p.name for p in (tmp_path / "cut" / "checkpoints").iterdir()) == [
         "block_diag.npz", "var_gp.npz"]
-    with pytest.raises(CheckpointError, match="max_epochs"):
+    # other settings: refused before anything is touched, naming the changed field only
+    config = (tmp_path / "cut" / "config.json").read_bytes()
+    with pytest.raises(ConfigError, match=r"other settings \(config\.learner\.max_epochs: 3 -> 4\)"):
         run_experiment("vargp-split-digits", out=tmp_path / "cut", resume=True,
                        **{**kw, "overrides": {**kw["overrides"], "learner.max_epochs": "4"}})
+    assert (tmp_path / "cut" / "config.json").read_bytes() == config
+    # without config.json the checkpoints' own record refuses it, before anything is written
+    (tmp_path / "cut" / "config.json").unlink()
+    with pytest.raises(ConfigError, match="max_epochs: 3 -> 4"):
+        run_experiment("vargp-split-digits", out=tmp_path / "cut", resume=True,
+                       **{**kw, "overrides": {**kw["overrides"], "learner.max_epochs": "4"}})
+    assert not (tmp_path / "cut" / "config.json").exists()
     resumed = run_experiment("vargp-split-digits", out=tmp_path / "cut", resume=True, **kw)
     log = (tmp_path / "cut" / "progress.log").read_text()
     assert "var_gp: resumed after task 5/5" in log
