@@ -625,6 +625,143 @@ def gptree_speed(results: Results) -> str:
                   "ratio ours / peer"], rows, results)
 
 
+_GPELLA_ORDER = ("gp_ella", "gp_ella_no_smoothing", "individual", "individual_smoothed",
+                 "shared", "mtgp", "mtgp_rank2", "ella")
+
+
+def _gpella_table(entry_kind: str) -> Callable[[Results], str]:
+    def render(results: Results) -> str:
+        sets = [(exp, (entry if entry_kind == "default" else
+                       ("quick" if entry == "default" else f"{entry}-quick")), name)
+                for exp, entry, name in _GPELLA_SETS]
+        methods: list[str] = []
+        for exp, entry, _ in sets:
+            e = results.get(exp, {}).get(entry)
+            for k in (e or {}).get("summary", {}):
+                if k.startswith("rmse_") and not k.endswith("_se") and k[5:] not in methods:
+                    methods.append(k[5:])
+        methods = sorted(methods, key=lambda m: (_GPELLA_ORDER.index(m) if m in _GPELLA_ORDER
+                                                 else len(_GPELLA_ORDER), m)) or ["gp_ella"]
+        rows = []
+        for exp, entry, name in sets:
+            rows.append([name] + [PM(exp, entry, f"rmse_{m}", f"rmse_{m}_se", 3)
+                                  for m in methods]
+                        + [Join((Val(exp, entry, "gp_ella_beats_individual_runs", 0,
+                                     spread=False),
+                                 Val(exp, entry, "gp_ella_beats_ella_runs", 0, spread=False))),
+                           Val(exp, entry, "time_ratio_vs_individual", spread=False)])
+        return table(["data", *methods, "wins vs individual / ELLA", "time ratio"], rows,
+                     results)
+
+    render.__doc__ = (f"``gpella-*`` ({entry_kind}): rMSE ± s.e. over runs of every method in "
+                      "the summaries, the wins counts and the time ratio to individual GPs.")
+    return render
+
+
+def gpella_speed(results: Results) -> str:
+    """``benchmarks/gp_ella.py``: seconds per task, GP-ELLA against individual GPs in the same
+    process on the same tasks."""
+    data = _bench("gp_ella") or {}
+    rows = []
+    for r in data.get("rows", []):
+        sec = r.get("seconds", {})
+        ind = sec.get("individual", {}).get("update_s_per_task")
+        for variant, label in (("gp_ella_closed_form", "App. A Hessian"),
+                               ("gp_ella_autodiff", "autodiff Hessian")):
+            g = sec.get(variant)
+            if g is None:
+                continue
+            rows.append([f"{r.get('dataset')} ({r.get('tasks')} tasks, d = "
+                         f"{r.get('input_dim')})", label, format_value(ind, 4),
+                         format_value(g.get("update_s_per_task"), 4),
+                         format_value(r.get(f"ratio_update_{variant}"), 2),
+                         format_value(r.get(f"ratio_update_predict_{variant}"), 2)])
+    if not rows:
+        rows = [["—"] * 6]
+    return table(["data", "GP-ELLA's Hessian", "individual GPs learn (s / task)",
+                  "GP-ELLA learn (s / task)", "ratio learn", "ratio learn + predict"], rows,
+                 results)
+
+
+_VIPS_METHODS = (("exact", "exact GP"), ("cv", "Conditional Variance"), ("oips", "OIPS"),
+                 ("vips", "VIPS"))
+
+
+def vips_table1(results: Results) -> str:
+    """``vips-table1``: final M, RMSE and NLPD per dataset and method, mean ± std over the
+    folds run (entry ``default``), beside the paper's Table 1 (which gives M and RMSE)."""
+    t1 = "vips-table1"
+    rows = []
+    for d in _VIPS_DATASETS:
+        for m, label in _VIPS_METHODS:
+            rows.append([d, label] + [
+                Join((PM(t1, "default", f"{d}_{k}_{m}", f"{d}_{k}_{m}_std", dec),
+                      PaperVal(t1, f"{d}_{k}_{m}")), " (") if k != "nlpd"
+                else PM(t1, "default", f"{d}_{k}_{m}", f"{d}_{k}_{m}_std", dec)
+                for k, dec in (("m", 0), ("rmse", 3), ("nlpd", 3))]
+                + [Val(t1, "default", f"{d}_folds_run", 0, spread=False)])
+    md = table(["dataset", "method", "M (paper)", "RMSE (paper)", "NLPD", "folds"], rows,
+               results)
+    return "\n".join(_close_parens(line) for line in md.splitlines())
+
+
+def _close_parens(line: str) -> str:
+    if not line.startswith("|") or "(" not in line:
+        return line
+    cells = line.strip("|").split("|")
+    return "|" + "|".join(c.rstrip() + ") " if c.count("(") > c.count(")") else c
+                          for c in cells) + "|"
+
+
+def vips_synthetic(results: Results) -> str:
+    """``vips-synthetic`` (Fig. 1): the final M of VIPS on D1 (growing input space), D2
+    (stationary) and D3 (late outliers), full size and quick."""
+    exp = "vips-synthetic"
+    rows = [[name, Val(exp, "default", f"final_m_{name}", 0, spread=False),
+             Val(exp, "quick", f"final_m_{name}", 0, spread=False), paper]
+            for name, paper in (("D1", "grows linearly"), ("D2", "levels off"),
+                                ("D3", "flat, jumps at the outliers"))]
+    return table(["set", "final M", "final M (--quick)", "paper (Fig. 1)"], rows, results)
+
+
+def vips_magnetic(results: Results) -> str:
+    """``vips-magnetic`` (Fig. 4): M and RMSE on path 3 after each learned path, and the
+    20-batch stream of path 3 by VIPS and Conditional Variance (entry ``default``)."""
+    exp = "vips-magnetic"
+    e = results.get(exp, {}).get("default")
+    keys = [] if e is None else list(e["summary"])
+    paths = sorted({int(k.rsplit("path", 1)[1]) for k in keys if k.startswith("seq_m_after_path")})
+    rows = [[f"after path {p}", Val(exp, "default", f"seq_m_after_path{p}", 0, spread=False),
+             Val(exp, "default", next((k for k in keys if k.startswith("seq_rmse_path")
+                                       and k.endswith(f"after_path{p}")), "—"), 2,
+                 spread=False)] for p in paths]
+    policies = [k[len("stream_m_"):] for k in keys if k.startswith("stream_m_")]
+    rows += [[f"path 3 streamed, {p}", Val(exp, "default", f"stream_m_{p}", 0, spread=False),
+              Join((Val(exp, "default", f"stream_rmse_{p}", 2, spread=False),
+                    Val(exp, "default", f"stream_nlpd_{p}", 2, spread=False)))]
+             for p in policies]
+    if not rows:
+        rows = [["—", "—", "—"]]
+    return table(["", "M", "RMSE (/ NLPD)"], rows, results)
+
+
+def vips_speed(results: Results) -> str:
+    """``benchmarks/vips.py``: every number its JSON records per run, flattened (the script
+    documents each key)."""
+    data = _bench("vips") or {}
+    rows = []
+    for name, run in (data.get("runs") or {}).items() if isinstance(data.get("runs"), dict) \
+            else enumerate(data.get("runs") or []):
+        if not isinstance(run, dict):
+            continue
+        cells = [f"{k} {format_value(v, 3)}" for k, v in run.items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        rows.append([str(run.get("dataset", name)), "; ".join(cells[:12])])
+    if not rows:
+        rows = [["—", "—"]]
+    return table(["run", "measured (seconds unless named)"], rows, results)
+
+
 COMPARE_STREAMS = ("split-mnist", "split-digits", "permuted-mnist", "letter-sessions",
                    "kalman-mnist-stationary", "kalman-mnist-nonstationary", "uci-concrete",
                    "uci-kin8nm", "uci-skillcraft", "schools", "parkinsons",
@@ -632,6 +769,13 @@ COMPARE_STREAMS = ("split-mnist", "split-digits", "permuted-mnist", "letter-sess
 
 
 TABLES: dict[str, Callable[[Results], str]] = {
+    "vips-table1": vips_table1,
+    "vips-synthetic": vips_synthetic,
+    "vips-magnetic": vips_magnetic,
+    "vips-speed": vips_speed,
+    "gpella-protocol": _gpella_table("default"),
+    "gpella-quick": _gpella_table("quick"),
+    "gpella-speed": gpella_speed,
     "gptree-classes": _gptree_classes("default"),
     "gptree-classes-quick": _gptree_classes("quick"),
     "gptree-fscil": _gptree_fscil("default"),
