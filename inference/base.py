@@ -1,4 +1,4 @@
-"""The one engine contract (STYLE.md 2; the pattern of BlackJAX ``blackjax/base.py``).
+"""The one engine contract (docs/design.md; the pattern of BlackJAX ``blackjax/base.py``).
 
 Every engine of this package has two functions,
 

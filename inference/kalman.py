@@ -1,6 +1,6 @@
-"""Kalman recursions for the parameter-drift model (Titsias et al. 2024, papers/kalman_ocl.txt).
+"""Kalman recursions for the parameter-drift model (Titsias et al. 2024).
 
-Pure functions in the engine contract of STYLE.md (BlackJAX-style): :func:`init` builds a
+Pure functions in the engine contract of ``inference/base.py`` (BlackJAX-style): :func:`init` builds a
 :class:`KalmanState` (a NamedTuple), :func:`step` advances it by one point and returns
 ``(KalmanState, StepInfo)``, :func:`filter` is a ``lax.scan`` of :func:`step` over a sequence,
 and :func:`chunk_update` runs the chunked protocol of App. D.2. Nothing here is jitted: callers

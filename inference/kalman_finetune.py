@@ -1,4 +1,4 @@
-"""The chunked Kalman online learner of Titsias et al. (2024), App. D.2 (papers/kalman_ocl.txt):
+"""The chunked Kalman online learner of Titsias et al. (2024), App. D.2:
 fine-tuning of the representation and the calibration, then the Kalman recursion, as one engine.
 
 For a chunk ``S_n = {(x_i, y_i)}`` (plus ``replay_size`` points drawn from the memory of the

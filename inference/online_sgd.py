@@ -1,5 +1,5 @@
 """Online SGD on a softmax classifier: the baseline of Titsias et al. (2024), Sect. 4.2 (the
-"Online SGD" of Bornschein et al. 2022, papers/kalman_ocl.txt), as an engine of
+"Online SGD" of Bornschein et al. 2022), as an engine of
 :mod:`inference.base`.
 
 The model is ``p(y = k | x) = softmax(phi(x; theta)^T W + b)_k``; each chunk (plus

@@ -1,5 +1,5 @@
 """Replay memory of the online-classification protocol (App. D.4 of Titsias et al. 2024,
-papers/kalman_ocl.txt, after Ghunaim et al. 2023): a ring buffer of the most recent points; each
+after Ghunaim et al. 2023): a ring buffer of the most recent points; each
 learning step appends a chunk drawn from it (without replacement) to the current chunk.
 
 Pure functions on a :class:`ReplayMemory` (a NamedTuple of arrays, fixed shapes, jit-able):

@@ -1,4 +1,4 @@
-"""The representation ``phi(x; theta)`` of Titsias et al. (2024), Sect. 2 (papers/kalman_ocl.txt):
+"""The representation ``phi(x; theta)`` of Titsias et al. (2024), Sect. 2:
 small JAX networks whose parameters ``theta`` the Kalman learner fine-tunes (Sect. 2.1.2) or
 keeps fixed (the paper's fixed-backbone rows).
 

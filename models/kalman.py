@@ -1,5 +1,5 @@
 """Parameter-drift state-space model of Titsias et al. (2024), "Kalman filter for online
-classification of non-stationary data" (papers/kalman_ocl.txt), as NumPyro programs.
+classification of non-stationary data", as NumPyro programs.
 
 The model (WHAT; the Kalman recursions that infer it live in :mod:`inference.kalman`)::
 

@@ -1,4 +1,4 @@
-"""ArviZ export shared by every learner's ``to_inference_data`` (DESIGN.md, learner protocol).
+"""ArviZ export shared by every learner's ``to_inference_data`` (docs/design.md, the learner protocol).
 
 One entry point, :func:`from_nested_dict`, takes groups in ArviZ 1.x's nested form::
 

@@ -1,4 +1,4 @@
-"""The one learner protocol shared by all methods (DESIGN.md, "One learner protocol").
+"""The one learner protocol shared by all methods (docs/design.md, the learner protocol).
 
 Every learner
 

@@ -1,4 +1,4 @@
-"""Deterministic test harness (STYLE.md 11).
+"""Deterministic test harness (docs/design.md, Validation).
 
 * every test starts from seed 0 in Python, NumPy, torch and Pyro, with Pyro's param store empty;
 * JAX runs in float64 for the whole session (tests of float32 paths pass float32 arrays

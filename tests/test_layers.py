@@ -1,4 +1,4 @@
-"""Imports flow ppl_cl -> inference -> models only (DESIGN.md, "Layers"), and inside ppl_cl
+"""Imports flow ppl_cl -> inference -> models only (docs/design.md, Layers), and inside ppl_cl
 from the user-facing floors down: core < data < learners < protocols < experiments < cli. No
 module imports from a higher layer or floor (so there is no cycle between them), and the light
 entry points load neither torch nor Pyro."""

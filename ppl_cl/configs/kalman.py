@@ -1,4 +1,4 @@
-"""Settings of the Kalman-filter learners (Titsias et al. 2024, papers/kalman_ocl.txt) and of
+"""Settings of the Kalman-filter learners (Titsias et al. 2024) and of
 the online-SGD baseline: :class:`KalmanConfig` (:class:`ppl_cl.learners.kalman.KalmanClassifier`),
 :class:`KalmanRegressorConfig` (:class:`ppl_cl.learners.kalman.KalmanRegressor`),
 :class:`OnlineSGDConfig` (:class:`ppl_cl.learners.online_sgd.OnlineSGDClassifier`), and the

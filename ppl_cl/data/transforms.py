@@ -2,7 +2,7 @@
 
 z-scoring (``z = (x - mean) / scale`` per column, statistics of the training split only) is what
 the UCI experiments of VIPS (Pescador-Barrios et al. 2024, Table 1; protocol in
-``../shared/METHODS.md``: "z-score X and y") and the exact-GP baselines use; predictions are
+"z-score X and y") and the exact-GP baselines use; predictions are
 mapped back with :meth:`Standardizer.inverse_transform` (means) and
 :meth:`Standardizer.inverse_transform_variance` (predictive variances).
 """

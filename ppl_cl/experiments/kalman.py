@@ -1,5 +1,5 @@
 """Experiments of Titsias et al. (2024), "Kalman filter for online classification of
-non-stationary data" (papers/kalman_ocl.txt).
+non-stationary data".
 
 * ``kalman-timeseries`` (headline) — the 3058-point piecewise-constant series of App. C, phi = 1,
   App. C mean-preserving transition, s_w2 = 0.01, s2 = 0.05, delta_0 = 0, SGD rate 1.0 on

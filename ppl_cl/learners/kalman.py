@@ -1,4 +1,4 @@
-"""Kalman-filter online learners (Titsias et al. 2024, papers/kalman_ocl.txt).
+"""Kalman-filter online learners (Titsias et al. 2024).
 
 * :class:`KalmanClassifier` (``learner_name="kalman-classifier"``, :class:`KalmanConfig`):
   K-way classification with the shared-covariance recursion (eqs. 7-8), softmax predictive
@@ -11,7 +11,7 @@
 
 The online-SGD baseline is :mod:`ppl_cl.learners.online_sgd`.
 
-Protocol (DESIGN.md): a stream of chunks; ``predict(x)`` uses the statistics before the chunk
+Protocol (docs/design.md): a stream of chunks; ``predict(x)`` uses the statistics before the chunk
 (one transition ahead, App. D.2), ``update(chunk)`` runs one step of the engine
 :class:`inference.kalman_finetune.KalmanFinetune` (replay, the (theta, alpha) step, the
 recursion; the representation is :mod:`models.feature_networks`). The filter's prior
