@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = ["GPELLAConfig", "LinearELLAConfig", "IndividualGPConfig", "SharedGPConfig",
-           "MultiTaskGPConfig", "PAPER_GRID_EXPONENTS"]
+           "MultiTaskGPConfig", "PAPER_GRID_EXPONENTS", "SMOOTHING_SCALES"]
 
 PAPER_GRID_EXPONENTS: tuple[float, ...] = (-12.0, -8.0, -4.0, 0.0)
 """mu and lambda are tuned over exp(e) for these e (Sect. 5.2)."""
@@ -36,8 +36,15 @@ def _positive_int(obj, *names: str) -> None:
 class _SingleTaskGPFields:
     """Fields of the single-task GP fit shared by GP-ELLA and the GP baselines."""
 
-    max_iterations: int = 50
-    """L-BFGS iterations of each type-II ML fit (Sect. 5.2: 50 for all algorithms)."""
+    max_iterations: int = 1000
+    """Cap on the L-BFGS iterations of each type-II ML fit. Sect. 5.2 stops every fit after 50;
+    at 50 about half of the per-task fits have not converged and eq. 5 would be expanded where
+    the fit stopped, so the fits run to convergence (``fit_tolerance``; 50-250 iterations on
+    the paper's data sets) and the cap only guards against a fit that does not (ours)."""
+    fit_tolerance: float = 1e-10
+    """Relative reduction of the NLL at which L-BFGS stops (SciPy ``ftol``; ours: at 1e-9 a
+    few fits end with negative curvature beyond round-off, at 1e-10 none on 30-task subsets
+    of the five data sets)."""
     min_noise_variance: float = 1e-6
     """Floor on the noise variance (Sect. 5.2's "self-noise" 1e-6, read as a floor of the
     learned noise: fixing 1e-6 would interpolate noisy targets)."""
@@ -52,15 +59,67 @@ class _SingleTaskGPFields:
 
     def _check_gp(self) -> None:
         _positive_int(self, "max_iterations", "pad_multiple")
-        _positive(self, "min_noise_variance", "init_noise_ratio", "theta_lower", "theta_upper")
+        _positive(self, "min_noise_variance", "init_noise_ratio", "theta_lower", "theta_upper",
+                  "fit_tolerance")
         if self.theta_upper <= self.theta_lower:
             raise ValueError(f"theta_upper: expected > theta_lower ({self.theta_lower}), "
                              f"received {self.theta_upper}")
 
 
+SMOOTHING_SCALES = ("heldout", "median", "fixed")
+"""How the variance of Sect. 4.4's smoothing weights is chosen (see ``_SmoothingFields``)."""
+
+
 @dataclass(frozen=True)
-class GPELLAConfig(_SingleTaskGPFields):
+class _SmoothingFields:
+    """Sect. 4.4's prediction smoothing: a task's prediction is the average of the
+    predictions made on its data with every known task's kernel, weighted by
+    ``exp(-|z_t - z_t'|^2 / (2 v))`` where ``z`` are the kernels' parameters in the coded
+    parametrization."""
+
+    smoothing_scale: Literal["heldout", "median", "fixed"] = "heldout"
+    """How ``v`` is chosen. ``"fixed"``: ``smoothing_variance`` (Sect. 5.2: 100, a value for
+    the paper's parametrization; for inverse squared lengthscales of standardized features
+    ``|dz|^2`` is far below 200 and the weights are uniform). ``"median"``: ``v = m / 2`` with
+    ``m`` the median of ``|z_t - z_t'|^2`` over pairs of known tasks, so that a task at the
+    median distance weighs ``1/e`` of the task itself. ``"heldout"`` (default): ``v`` from the
+    grid ``{0} u {r m / 2 : r in smoothing_grid} u {inf}`` (0: no smoothing, inf: uniform)
+    minimizing the squared error of the smoothed mean on the held-out parts of all known
+    tasks (the split of the sigma_f^2 line search), the data choosing how far "similar
+    tasks" reach, as Sect. 4.4 intends (ours)."""
+    smoothing_variance: float = 100.0
+    """``v`` of ``smoothing_scale="fixed"`` (Sect. 5.2: 100)."""
+    smoothing_grid: tuple[float, ...] = (1 / 16, 1 / 4, 1.0, 4.0, 16.0)
+    """Multiples ``r`` of the median rule's ``m / 2`` tried by ``"heldout"`` (ours)."""
+    holdout_fraction: float = 0.2
+    """Fraction of a task's training data held out for the line search and the ``"heldout"``
+    scale (ours; the paper gives none)."""
+
+    def _check_smoothing(self) -> None:
+        _positive(self, "smoothing_variance")
+        if self.smoothing_scale not in SMOOTHING_SCALES:
+            raise ValueError(f"smoothing_scale: expected one of {SMOOTHING_SCALES}, received "
+                             f"{self.smoothing_scale!r}")
+        grid = tuple(float(v) for v in self.smoothing_grid)
+        if not grid or not all(math.isfinite(v) and v > 0 for v in grid):
+            raise ValueError(f"smoothing_grid: expected positive finite multiples, received "
+                             f"{self.smoothing_grid!r}")
+        object.__setattr__(self, "smoothing_grid", grid)
+        if not 0.0 < self.holdout_fraction < 1.0:
+            raise ValueError(f"holdout_fraction: expected a number in (0, 1), received "
+                             f"{self.holdout_fraction!r}")
+
+
+@dataclass(frozen=True)
+class GPELLAConfig(_SmoothingFields, _SingleTaskGPFields):
     """GP-ELLA (Algorithm 1 with the prediction of Sect. 4.4)."""
+
+    parametrization: Literal["log_theta", "theta"] = "log_theta"
+    """What the basis codes: ``"log_theta"`` (default), ``log theta_t = L s_t`` with eq. 5
+    expanded in ``log theta``, where the fit (L-BFGS on log hyperparameters) ends at a
+    stationary point and the Hessian is positive semi-definite at a minimum; ``"theta"``,
+    the paper's ``theta_t = L s_t`` with the theta-Hessian, indefinite wherever a feature's
+    ``theta_a`` goes to 0 (ours; App. A and Sect. 4.2 use ``theta``)."""
 
     num_components: int = 6
     """k, columns of the basis L (Sect. 5.2 tunes k over 2, 4, ..., 2d on the first five
@@ -78,31 +137,30 @@ class GPELLAConfig(_SingleTaskGPFields):
     """How H_t (eq. 6) is computed: App. A eqs. 12-14 from one Cholesky (the paper's route,
     the faster one), or ``jax.hessian`` of the NLL (the check; equal to round-off, tested)."""
     line_search: bool = True
-    """Choose sigma_f^2 by line search on held-out training data (Sect. 4.4)."""
-    holdout_fraction: float = 0.2
-    """Fraction of a task's training data held out for the line search (ours; the paper
-    gives none)."""
+    """Choose sigma_f^2 by line search on held-out training data (Sect. 4.4: "in the label
+    prediction step, we hold out a portion of the training data as a verification test set":
+    the fit, the Hessian and the code saw all training data; the held-out part is held out
+    from the GP that predicts it)."""
     line_search_log10_range: tuple[float, float] = (-2.0, 2.0)
     """Grid of sigma_f^2 = fitted value x 10^u over this range of u (ours)."""
     line_search_points: int = 17
     """Points of that grid (ours)."""
     smoothing: bool = True
     """Average the predictions made with every known task's theta (Sect. 4.4)."""
-    smoothing_variance: float = 100.0
-    """Variance of the weight exp(-|theta_t - theta_t'|^2 / (2 v)) (Sect. 5.2: 100)."""
     seed: int = 0
     """Seed of the basis initialization L ~ N(0, 1) and of column re-initialization."""
 
     def __post_init__(self) -> None:
         self._check_gp()
         _positive_int(self, "num_components", "max_inner_iterations", "line_search_points")
-        _positive(self, "mu", "lam", "inner_tolerance", "smoothing_variance")
+        _positive(self, "mu", "lam", "inner_tolerance")
+        self._check_smoothing()
         if self.hessian not in ("autodiff", "closed_form"):
             raise ValueError(f"hessian: expected 'autodiff' or 'closed_form', received "
                              f"{self.hessian!r}")
-        if not 0.0 < self.holdout_fraction < 1.0:
-            raise ValueError(f"holdout_fraction: expected a number in (0, 1), received "
-                             f"{self.holdout_fraction!r}")
+        if self.parametrization not in ("log_theta", "theta"):
+            raise ValueError(f"parametrization: expected 'log_theta' or 'theta', received "
+                             f"{self.parametrization!r}")
         r = tuple(float(v) for v in self.line_search_log10_range)
         if len(r) != 2 or not r[0] <= 0.0 <= r[1]:
             raise ValueError(f"line_search_log10_range: expected (low, high) with low <= 0 <= "
@@ -138,11 +196,27 @@ class LinearELLAConfig:
 
 
 @dataclass(frozen=True)
-class IndividualGPConfig(_SingleTaskGPFields):
-    """One exact GP per task (Sect. 5, "Indiv. GPs"): the same fit as GP-ELLA's, no transfer."""
+class IndividualGPConfig(_SmoothingFields, _SingleTaskGPFields):
+    """One exact GP per task (Sect. 5, "Indiv. GPs"): the same fit as GP-ELLA's, no transfer.
+
+    With ``smoothing=True`` it predicts with GP-ELLA's Sect. 4.4 smoothing over the known
+    tasks' fitted kernels (an ablation: what the smoothing gives without the basis), the
+    distances taken in ``smoothing_parametrization``."""
+
+    smoothing: bool = False
+    """Average the predictions made with every known task's fitted theta (Sect. 4.4's
+    smoothing, as GP-ELLA's; off for the baseline)."""
+    smoothing_parametrization: Literal["log_theta", "theta"] = "log_theta"
+    """Where the distances between fitted kernels are taken (GP-ELLA's ``parametrization``)."""
+    seed: int = 0
+    """Seed of the held-out split of the smoothing's ``"heldout"`` scale (as GP-ELLA's)."""
 
     def __post_init__(self) -> None:
         self._check_gp()
+        self._check_smoothing()
+        if self.smoothing_parametrization not in ("log_theta", "theta"):
+            raise ValueError(f"smoothing_parametrization: expected 'log_theta' or 'theta', "
+                             f"received {self.smoothing_parametrization!r}")
 
 
 @dataclass(frozen=True)

@@ -174,7 +174,126 @@ def ella_state_from_tree(e: dict[str, Any]):
                      np.asarray(e["b"], np.float64), float(e["sq"]), float(e["l1"]),
                      int(e["num_tasks"]), np.asarray(e["thetas"], np.float64),
                      np.asarray(e["hessians"], np.float64),
-                     np.asarray(e["codes"], np.float64), np.asarray(e["seen"], bool))
+                     np.asarray(e["codes"], np.float64), np.asarray(e["seen"], bool),
+                     np.asarray(e["counted"], bool))
+
+
+def fit_options(config: Any, *, with_hessian: bool) -> dict[str, Any]:
+    """Keyword arguments of :func:`inference.gp_ella.fit_single_task` from a config's single-task
+    GP fields."""
+    opts = dict(max_iterations=config.max_iterations, tolerance=config.fit_tolerance,
+                min_noise_variance=config.min_noise_variance,
+                theta_bounds=(config.theta_lower, config.theta_upper),
+                init_noise_ratio=config.init_noise_ratio, pad_multiple=config.pad_multiple,
+                with_hessian=with_hessian)
+    if with_hessian:
+        opts["hessian"] = config.hessian
+    return opts
+
+
+class Smoother:
+    """Sect. 4.4's prediction smoothing over the known tasks' kernels, shared by GP-ELLA and
+    the individual-GP ablation.
+
+    A task's prediction is the mixture of the predictions made on its own data with every known
+    task's kernel ``theta_t'``, weights :func:`inference.gp_ella.smoothing_weights` of the
+    squared distances between the tasks' parameters ``points`` (their coded parametrization)
+    with a variance chosen by ``config.smoothing_scale`` (:class:`ppl_cl.configs.gp_ella.
+    _SmoothingFields`). ``"heldout"`` predicts every task's held-out points (the split of the
+    line search, conditioned on the rest) under every kernel and keeps the grid value with the
+    least pooled squared error.
+
+    Args:
+        config: the learner's config (smoothing fields, ``pad_multiple``, ``seed``).
+        store: the learner's :class:`TaskStore`.
+        points: ``(T, d)`` parameters whose distances weigh the tasks.
+        kernels: ``(T, d)`` ``theta`` of each task's kernel.
+        signal_variance: ``slot -> sigma_f^2`` used with every kernel on that task's data.
+        noise_variances: ``(T,)`` per-task ``sigma^2``.
+    """
+
+    def __init__(self, config: Any, store: "TaskStore", points: np.ndarray, kernels: np.ndarray,
+                 signal_variance, noise_variances: np.ndarray) -> None:
+        self.config, self.store = config, store
+        self.points, self.kernels = np.asarray(points, np.float64), np.asarray(kernels, np.float64)
+        self.signal_variance = signal_variance
+        self.noise_variances = np.asarray(noise_variances, np.float64)
+        self._variance: float | None = None
+        self.heldout_sse: np.ndarray | None = None
+        self.grid: np.ndarray | None = None
+
+    def squared_distances(self, slot: int) -> np.ndarray:
+        return np.sum((self.points - self.points[slot][None]) ** 2, axis=1)
+
+    @property
+    def variance(self) -> float:
+        """The smoothing variance ``v`` (computed once per learner state)."""
+        if self._variance is None:
+            self._variance = self._choose()
+        return self._variance
+
+    def _choose(self) -> float:
+        from inference.gp_ella import choose_smoothing_variance, median_squared_distance
+
+        c = self.config
+        if c.smoothing_scale == "fixed":
+            return float(c.smoothing_variance)
+        half_median = 0.5 * median_squared_distance(self.points)
+        if c.smoothing_scale == "median" or half_median <= 0.0:
+            return half_median
+        grid = np.asarray([0.0] + [r * half_median for r in c.smoothing_grid] + [np.inf])
+        d2s, selves, means, targets = [], [], [], []
+        for slot in range(len(self.store)):
+            split = heldout_split_of(self.store, slot, c)
+            if split is None:
+                continue
+            fit_idx, val_idx = split
+            X, y = self.store.X[slot], self.store.y[slot]
+            m, _ = _kernel_predictions(self.kernels, self.signal_variance(slot),
+                                       float(self.noise_variances[slot]), X[fit_idx],
+                                       y[fit_idx], X[val_idx], c.pad_multiple)
+            d2s.append(self.squared_distances(slot))
+            selves.append(slot)
+            means.append(m)
+            targets.append(y[val_idx])
+        if not d2s:
+            return half_median
+        self.grid = grid
+        best, self.heldout_sse = choose_smoothing_variance(d2s, selves, means, targets, grid)
+        return best
+
+    def weights(self, slot: int) -> np.ndarray:
+        from inference.gp_ella import smoothing_weights
+
+        return smoothing_weights(self.squared_distances(slot), slot, self.variance)
+
+    def predict(self, slot: int, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mixture mean and variance of task ``slot`` at ``xs`` (centred targets)."""
+        w = self.weights(slot)
+        used = np.flatnonzero(w > 0)
+        means, variances = _kernel_predictions(
+            self.kernels[used], self.signal_variance(slot), float(self.noise_variances[slot]),
+            self.store.X[slot], self.store.y[slot], xs, self.config.pad_multiple)
+        wu = w[used]
+        mean = wu @ means
+        var = wu @ (variances + means ** 2) - mean ** 2
+        return mean, np.maximum(var, 1e-300)
+
+
+def _kernel_predictions(kernels, sf2, s2, X, y, xs, pad_multiple):
+    from inference.gp_ella import kernel_predictions
+
+    return kernel_predictions(kernels, sf2, s2, X, y, xs, pad_multiple=pad_multiple)
+
+
+def heldout_split_of(store: "TaskStore", slot: int, config: Any):
+    """The (fit, held-out) split of a task's training data used by the line search and the
+    held-out smoothing scale (the same split for both; seeded by ``config.seed`` and the
+    slot), or ``None`` for a task too small to split."""
+    from inference.gp_ella import heldout_split
+
+    return heldout_split(store.X[slot].shape[0], config.holdout_fraction,
+                         seed=config.seed * 1_000_003 + slot)
 
 
 class GPELLA(ConfigLearner):
@@ -192,7 +311,8 @@ class GPELLA(ConfigLearner):
         self._state = None  # inference.gp_ella.ELLAState
         self._fits: list[dict[str, Any]] = []  # per slot: signal/noise variance, nll, ...
         self._num_updates = 0
-        self._cache: dict[int, tuple[float, np.ndarray]] = {}
+        self._signal_variances: dict[int, float] = {}
+        self._smoother: Smoother | None = None
 
     # -- helpers -------------------------------------------------------------------------
     def _key(self, purpose: int):
@@ -202,11 +322,7 @@ class GPELLA(ConfigLearner):
                                                      purpose), self._num_updates)
 
     def _fit_options(self) -> dict[str, Any]:
-        c = self.config
-        return dict(max_iterations=c.max_iterations, min_noise_variance=c.min_noise_variance,
-                    theta_bounds=(c.theta_lower, c.theta_upper),
-                    init_noise_ratio=c.init_noise_ratio, hessian=c.hessian,
-                    pad_multiple=c.pad_multiple)
+        return fit_options(self.config, with_hessian=True)
 
     @property
     def task_ids(self) -> list[int]:
@@ -233,15 +349,63 @@ class GPELLA(ConfigLearner):
         """The engine's :class:`inference.gp_ella.ELLAState`."""
         return self._state
 
+    def reconstructions(self) -> np.ndarray:
+        """``L s_t`` as rows ``(T, d)``: ``log theta_t`` or ``theta_t`` (``parametrization``)."""
+        self._require_fitted("reconstructions")
+        return self._state.codes @ self._state.L.T
+
     def reconstructed_thetas(self) -> np.ndarray:
-        """``max(L s_t, 0)`` as rows ``(T, d)`` (the kernels used to predict)."""
-        self._require_fitted("reconstructed_thetas")
-        return np.maximum(self._state.codes @ self._state.L.T, 0.0)
+        """The kernels used to predict, ``(T, d)``: ``exp(L s_t)`` (``log_theta``, clipped to the
+        fit's box ``[theta_lower, theta_upper]``) or ``max(L s_t, 0)`` (``theta``)."""
+        from models.gp_ella import theta_from_code
+
+        c = self.config
+        z = self.reconstructions()
+        if c.parametrization == "log_theta":
+            return theta_from_code(z, "log_theta", c.theta_lower, c.theta_upper)
+        return theta_from_code(z, "theta")
 
     def fitted_thetas(self) -> np.ndarray:
         """Single-task optima ``theta_hat_t`` ``(T, d)``."""
         self._require_fitted("fitted_thetas")
-        return self._state.thetas.copy()
+        return np.stack([f["theta"] for f in self._fits])
+
+    def diagnostics(self) -> dict[str, Any]:
+        """Whether eq. 5 was expanded at minima and how the reconstructions were used, over the
+        tasks with a GP fit (constant-target tasks have none):
+
+        * ``fit_converged_fraction``: fits that ended by SciPy's convergence test (not at the
+          iteration cap);
+        * ``hessian_negative_fraction``: Hessians (in the coded parametrization) with negative
+          curvature beyond round-off (:func:`inference.gp_ella.has_negative_curvature`);
+        * ``theta_clipped_fraction``: entries of ``L s_t`` outside the kernel's domain, clipped
+          before predicting (``theta``: below 0; ``log_theta``: outside the fit's box);
+        * ``fitted_theta_at_bound_fraction``: fitted ``theta_a`` at the fit's box.
+        """
+        self._require_fitted("diagnostics")
+        c = self.config
+        fitted = [i for i, f in enumerate(self._fits) if not f["constant_targets"]]
+        z = self.reconstructions()[fitted]
+        if c.parametrization == "theta":
+            clipped = z < 0.0
+        else:
+            clipped = (z < np.log(c.theta_lower)) | (z > np.log(c.theta_upper))
+        th = self.fitted_thetas()[fitted]
+        at_bound = (th <= c.theta_lower * (1 + 1e-6)) | (th >= c.theta_upper * (1 - 1e-6))
+
+        def frac(v):
+            v = np.asarray(v, bool)
+            return float(v.mean()) if v.size else float("nan")
+
+        return {"num_fitted_tasks": len(fitted),
+                "fit_converged_fraction": frac([self._fits[i]["converged"] for i in fitted]),
+                "hessian_negative_fraction": frac([self._fits[i]["negative_curvature"]
+                                                   for i in fitted]),
+                "theta_clipped_fraction": frac(clipped),
+                "fitted_theta_at_bound_fraction": frac(at_bound),
+                "fit_iterations_median": float(np.median([self._fits[i]["iterations"]
+                                                          for i in fitted])) if fitted else
+                float("nan")}
 
     def _require_fitted(self, what: str) -> None:
         if self._state is None or not len(self._store):
@@ -259,7 +423,7 @@ class GPELLA(ConfigLearner):
         """
         import jax
 
-        from inference.gp_ella import fit_single_task
+        from inference.gp_ella import expansion, fit_single_task, has_negative_curvature
 
         batch = self._check_batch(batch)
         task_id, x, y = self._store.validate(batch)
@@ -267,73 +431,100 @@ class GPELLA(ConfigLearner):
         t0 = time.perf_counter()
         fit = single_task_fit if single_task_fit is not None else \
             fit_single_task(X_all, yc, **self._fit_options())
+        point, H = expansion(fit, self.config.parametrization)
         t1 = time.perf_counter()
         state = self._state if self._state is not None else \
             self.engine.init(X_all.shape[1], jax.random.PRNGKey(self.config.seed))
-        state, info = self.engine.step(self._key(1), state, (fit.theta, fit.hessian, slot))
+        state, info = self.engine.step(self._key(1), state, (point, H, slot))
         t2 = time.perf_counter()
         # commit only after everything above succeeded
         self._store.commit(task_id, slot, X_all, yc, mean)
         record_fit = {"signal_variance": fit.signal_variance, "noise_variance": fit.noise_variance,
                       "nll": fit.nll, "iterations": fit.iterations, "converged": fit.converged,
-                      "constant_targets": fit.constant_targets}
+                      "constant_targets": fit.constant_targets,
+                      "negative_curvature": (not fit.constant_targets)
+                      and has_negative_curvature(H)}
         if new:
-            self._fits.append(record_fit)
+            self._fits.append({**record_fit, "theta": np.asarray(fit.theta, np.float64)})
         else:
-            self._fits[slot] = record_fit
+            self._fits[slot] = {**record_fit, "theta": np.asarray(fit.theta, np.float64)}
         self._state = state
         self._num_updates += 1
-        self._cache.clear()
-        from inference.gp_ella import heldout_split
-
+        self._signal_variances.clear()
+        self._smoother = None
         return {"task_id": task_id, "new_task": new, "num_data": int(X_all.shape[0]),
                 **record_fit, "ella_loss": info.loss, "inner_iterations": info.inner_iterations,
                 "basis_change": info.basis_change, "lasso_converged": info.lasso_converged,
                 "reinitialized_columns": info.reinitialized,
-                "line_search_possible": heldout_split(X_all.shape[0],
-                                                      self.config.holdout_fraction, 0) is not None,
+                "line_search_possible": heldout_split_of(self._store, slot,
+                                                         self.config) is not None,
                 "seconds_fit": t1 - t0, "seconds_ella": t2 - t1}
 
-    def _signal_variance(self, slot: int, thetas: np.ndarray) -> float:
-        from inference.gp_ella import heldout_split, line_search_signal_variance
+    def signal_variance(self, slot: int) -> float:
+        """``sigma_f^2`` of task ``slot`` for prediction: Sect. 4.4's line search for the kernel
+        ``theta_t = L s_t`` on the task's held-out training data (the fitted value when the
+        search is off or the task too small). Cached until the next update."""
+        if slot not in self._signal_variances:
+            self._signal_variances[slot] = self._line_search(slot)
+        return self._signal_variances[slot]
+
+    def _line_search(self, slot: int) -> float:
+        from inference.gp_ella import line_search_signal_variance
 
         c = self.config
         fit = self._fits[slot]
         base = float(fit["signal_variance"])
         if not c.line_search:
             return base
-        X, y = self._store.X[slot], self._store.y[slot]
-        split = heldout_split(X.shape[0], c.holdout_fraction, seed=c.seed * 1_000_003 + slot)
+        split = heldout_split_of(self._store, slot, c)
         if split is None:
             return base
         fit_idx, val_idx = split
+        X, y = self._store.X[slot], self._store.y[slot]
         lo, hi = c.line_search_log10_range
         ratios = 10.0 ** np.linspace(lo, hi, c.line_search_points)
         if not np.any(np.isclose(ratios, 1.0)):
             ratios = np.sort(np.append(ratios, 1.0))
-        best, _ = line_search_signal_variance(thetas[slot], float(fit["noise_variance"]), base,
+        theta = self.reconstructed_thetas()[slot]
+        best, _ = line_search_signal_variance(theta, float(fit["noise_variance"]), base,
                                               X[fit_idx], y[fit_idx], X[val_idx], y[val_idx],
                                               ratios, c.pad_multiple)
         return best
 
-    def predict(self, x: Any, task_id: int | None = None) -> GaussianPredictive:
-        """Predictive of task ``task_id`` at ``x (n, d)`` (Sect. 4.4; module docstring)."""
-        from inference.gp_ella import smoothed_prediction
+    def smoother(self) -> Smoother:
+        """Sect. 4.4's smoothing for the current state (:class:`Smoother`): distances between
+        the reconstructions ``L s_t``, kernels ``theta_t``, the line-searched ``sigma_f^2``."""
+        self._require_fitted("smoother")
+        if self._smoother is None:
+            self._smoother = Smoother(self.config, self._store, self.reconstructions(),
+                                      self.reconstructed_thetas(), self.signal_variance,
+                                      np.asarray([f["noise_variance"] for f in self._fits]))
+        return self._smoother
+
+    def predict(self, x: Any, task_id: int | None = None, *,
+                smoothing: bool | None = None) -> GaussianPredictive:
+        """Predictive of task ``task_id`` at ``x (n, d)`` (Sect. 4.4; module docstring).
+        ``smoothing`` overrides ``config.smoothing`` (an ablation without retraining)."""
+        from inference.gp_ella import kernel_predictions
 
         slot, xs = self._store.check_predict(x, task_id, "GPELLA")
         if xs.shape[0] == 0:
             return GaussianPredictive(np.zeros(0), np.zeros(0))
         c = self.config
-        thetas = self.reconstructed_thetas()
-        if slot not in self._cache:
-            self._cache[slot] = (self._signal_variance(slot, thetas), thetas)
-        sf2, thetas = self._cache[slot]
-        mean, var, _ = smoothed_prediction(
-            thetas[slot], thetas, sf2, float(self._fits[slot]["noise_variance"]),
-            self._store.X[slot], self._store.y[slot], xs,
-            smoothing_variance=c.smoothing_variance if c.smoothing else None,
-            pad_multiple=c.pad_multiple)
+        smooth = c.smoothing if smoothing is None else bool(smoothing)
+        if smooth:
+            mean, var = self.smoother().predict(slot, xs)
+        else:
+            m, v = kernel_predictions(self.reconstructed_thetas()[slot][None],
+                                      self.signal_variance(slot),
+                                      float(self._fits[slot]["noise_variance"]),
+                                      self._store.X[slot], self._store.y[slot], xs,
+                                      pad_multiple=c.pad_multiple)
+            mean, var = m[0], v[0]
         return GaussianPredictive(mean + self._store.y_mean[slot], var)
+
+    _FIT_KEYS = ("signal_variance", "noise_variance", "nll", "iterations", "converged",
+                 "constant_targets", "negative_curvature", "theta")
 
     def state_dict(self) -> dict[str, Any]:
         if self._state is None:
@@ -341,14 +532,13 @@ class GPELLA(ConfigLearner):
         s = self._state
         return {"tasks": self._store.state(), "num_updates": self._num_updates,
                 "ella": ella_state_tree(s),
-                "fits": {k: np.asarray([f[k] for f in self._fits])
-                         for k in ("signal_variance", "noise_variance", "nll", "iterations",
-                                   "converged", "constant_targets")}}
+                "fits": {k: np.asarray([f[k] for f in self._fits]) for k in self._FIT_KEYS}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._signal_variances.clear()
+        self._smoother = None
         if state.get("tasks") is None:
             self._store, self._state, self._fits, self._num_updates = TaskStore(), None, [], 0
-            self._cache.clear()
             return
         e = state["ella"]
         k = int(np.asarray(e["L"]).shape[1])
@@ -357,57 +547,67 @@ class GPELLA(ConfigLearner):
                              f"{self.config.num_components}")
         new_state = ella_state_from_tree(e)
         f = state["fits"]
-        fits = [{"signal_variance": float(f["signal_variance"][i]),
-                 "noise_variance": float(f["noise_variance"][i]), "nll": float(f["nll"][i]),
-                 "iterations": int(f["iterations"][i]), "converged": bool(f["converged"][i]),
-                 "constant_targets": bool(f["constant_targets"][i])}
+        kinds = {"signal_variance": float, "noise_variance": float, "nll": float,
+                 "iterations": int, "converged": bool, "constant_targets": bool,
+                 "negative_curvature": bool}
+        fits = [{**{key: kind(f[key][i]) for key, kind in kinds.items()},
+                 "theta": np.asarray(f["theta"][i], np.float64)}
                 for i in range(len(state["tasks"]["ids"]))]
         self._store = TaskStore.from_state(state["tasks"])
         self._state, self._fits = new_state, fits
         self._num_updates = int(state["num_updates"])
-        self._cache.clear()
 
     def to_inference_data(self, *, num_draws: int = 500, num_chains: int | None = None,
                           seed: int = 0):
         """ArviZ InferenceData of the Laplace posterior of the basis and the task kernels.
 
         Given the codes, eq. 9 is quadratic in ``L``: the program's Laplace-likelihood
-        posterior of ``vec(L)`` (column-major) is ``N(vec L, (A + T lambda I)^-1)``, exact for
-        that likelihood. Independent draws ``L^(i)`` go to ``posterior["L"] (chain, draw, d, k)``
-        (``num_chains`` chains, default up to 4 of at least 4 draws) and
-        ``theta_t^(i) = L^(i) s_t`` to ``posterior["theta"] (chain, draw, T, d)``; the single-task
-        optima ``theta_hat``, Hessians ``H``, codes ``s`` and per-task variances go to
+        posterior of ``vec(L)`` (column-major) is ``N(P^-1 b, P^-1)`` with precision
+        ``P = A + T lambda I`` (the Hessian of the negative log joint in ``vec L``: ``T lambda``
+        from the Frobenius prior, ``sum_t kron(s_t s_t^T, H_t)`` from the expansions), exact for
+        that likelihood; its mean is the basis the running sums give (``L`` itself unless a
+        column was re-drawn). Independent draws ``L^(i)`` go to ``posterior["L"] (chain, draw, d, k)``
+        (``num_chains`` chains, default up to 4 of at least 4 draws) and the kernels
+        ``theta_t^(i)`` of ``L^(i) s_t`` (``exp`` for ``log_theta``) to
+        ``posterior["theta"] (chain, draw, T, d)``; the fitted ``theta_hat``, the expansion points
+        and Hessians (coded parametrization), codes ``s`` and per-task variances go to
         ``constant_data``.
         """
-        from scipy.linalg import solve_triangular
+        import jax.numpy as jnp
+        from scipy.linalg import cho_solve, solve_triangular
 
+        from models.gp_ella import theta_from_code
+        from models.linalg_jax import jitter_cholesky
         from ppl_cl.inference_data import iid_attrs, samples_to_inference_data, split_chains
         from ppl_cl.seeding import as_generator
 
         self._require_fitted("to_inference_data")
         s = self._state
+        c = self.config
         d, k = s.L.shape
-        T = s.num_tasks
-        P = s.A + T * self.config.lam * np.eye(d * k)
-        import jax.numpy as jnp
-
-        from models.linalg_jax import jitter_cholesky
-
+        P = s.A + s.num_tasks * c.lam * np.eye(d * k)
         Lp = np.asarray(jitter_cholesky(jnp.asarray(0.5 * (P + P.T)), name="posterior precision"))
+        mean = cho_solve((Lp, True), s.b)
         eps = as_generator(seed).standard_normal((num_draws, d * k))
-        vec = s.L.reshape(-1, order="F")[None] + solve_triangular(Lp.T, eps.T, lower=False).T
+        vec = mean[None] + solve_triangular(Lp.T, eps.T, lower=False).T
         L_draws = vec.reshape(num_draws, k, d).transpose(0, 2, 1)  # unvec column-major
-        theta_draws = np.einsum("sdk,tk->std", L_draws, s.codes)
+        z_draws = np.einsum("sdk,tk->std", L_draws, s.codes)
+        if c.parametrization == "log_theta":
+            theta_draws = theta_from_code(z_draws, "log_theta", c.theta_lower, c.theta_upper)
+        else:
+            theta_draws = theta_from_code(z_draws, "theta")
         ids = np.asarray(self._store.ids)
         return samples_to_inference_data(
             split_chains({"L": L_draws[None], "theta": theta_draws[None]}, num_chains),
             dims={"L": ["input_dim", "component"], "theta": ["task", "input_dim"],
-                  "theta_hat": ["task", "input_dim"], "codes": ["task", "component"],
+                  "theta_hat": ["task", "input_dim"], "expansion_point": ["task", "input_dim"],
+                  "codes": ["task", "component"],
                   "hessian": ["task", "input_dim", "input_dim_"],
                   "signal_variance": ["task"], "noise_variance": ["task"]},
             coords={"task": ids, "input_dim": np.arange(d), "component": np.arange(k),
                     "input_dim_": np.arange(d)},
-            constant_data={"theta_hat": s.thetas, "codes": s.codes, "hessian": s.hessians,
+            constant_data={"theta_hat": self.fitted_thetas(), "expansion_point": s.thetas,
+                           "codes": s.codes, "hessian": s.hessians,
                            "signal_variance": np.asarray([f["signal_variance"] for f in self._fits]),
                            "noise_variance": np.asarray([f["noise_variance"] for f in self._fits])},
             attrs=iid_attrs("Gaussian (Laplace) posterior of the basis L given the codes "

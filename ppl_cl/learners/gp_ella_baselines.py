@@ -1,9 +1,12 @@
 """The four baselines of GP-ELLA (Clingerman & Eaton 2017, Sect. 5) on the learner protocol.
 
 * :class:`IndividualGPs` — one exact GP per task ("Indiv. GPs"): the very fit GP-ELLA runs per
-  task (:func:`inference.gp_ella.fit_single_task`, ARD SE + sigma_f^2 + noise, 50 L-BFGS
-  iterations), predicting with its own hyperparameters (the predictive of
-  :mod:`models.exact_gp`; a test checks equality with :class:`~ppl_cl.learners.exact_gp.ExactGP`).
+  task (:func:`inference.gp_ella.fit_single_task`, ARD SE + sigma_f^2 + noise, L-BFGS to
+  convergence), predicting with its own hyperparameters (the predictive of
+  :mod:`models.exact_gp`; a test checks equality with :class:`~ppl_cl.learners.exact_gp.ExactGP`);
+  ``predict(..., smoothing=True)`` (or ``config.smoothing``) applies GP-ELLA's Sect. 4.4
+  smoothing over all known tasks' fitted kernels instead (the ablation: smoothing without a
+  basis).
 * :class:`SharedGP` — one GP over the pooled data of all tasks ("Shared GP").
 * :class:`MultiTaskGP` — batch ICM multi-task GP (Bonilla et al. 2008), ``B = W W^T +
   diag(kappa)`` of rank 1 or 2 (:mod:`models.multitask_gp`).
@@ -23,17 +26,16 @@ import numpy as np
 from ppl_cl.batch import Batch
 from ppl_cl.configs.gp_ella import (IndividualGPConfig, LinearELLAConfig, MultiTaskGPConfig,
                                     SharedGPConfig)
-from ppl_cl.learners.gp_ella import (ConfigLearner, NotFittedError, TaskStore, ella_engine,
-                                     ella_state_from_tree, ella_state_tree)
+from ppl_cl.learners.gp_ella import (ConfigLearner, NotFittedError, Smoother, TaskStore,
+                                     ella_engine, ella_state_from_tree, ella_state_tree,
+                                     fit_options)
 from ppl_cl.predictive import GaussianPredictive
 
 __all__ = ["IndividualGPs", "SharedGP", "MultiTaskGP", "LinearELLA"]
 
 
 def _gp_fit_options(c) -> dict[str, Any]:
-    return dict(max_iterations=c.max_iterations, min_noise_variance=c.min_noise_variance,
-                theta_bounds=(c.theta_lower, c.theta_upper), init_noise_ratio=c.init_noise_ratio,
-                pad_multiple=c.pad_multiple, with_hessian=False)
+    return fit_options(c, with_hessian=False)
 
 
 def _hyp_state(hyps: list) -> dict[str, Any]:
@@ -80,6 +82,9 @@ class IndividualGPs(ConfigLearner):
         super().__init__(config, **overrides)
         self._store = TaskStore()
         self._hyp: list[tuple[np.ndarray, float, float]] = []
+        self._converged: list[bool] = []
+        self._constant: list[bool] = []
+        self._smoother: Smoother | None = None
 
     def hyperparameters(self, task_id: int) -> dict[str, Any]:
         slot = self._store.slot(task_id)
@@ -99,28 +104,69 @@ class IndividualGPs(ConfigLearner):
         hyp = (fit.theta, fit.signal_variance, fit.noise_variance)
         if new:
             self._hyp.append(hyp)
+            self._converged.append(fit.converged)
+            self._constant.append(fit.constant_targets)
         else:
             self._hyp[slot] = hyp
+            self._converged[slot] = fit.converged
+            self._constant[slot] = fit.constant_targets
+        self._smoother = None
         return {"task_id": task_id, "new_task": new, "num_data": int(X_all.shape[0]),
                 "nll": fit.nll, "iterations": fit.iterations, "converged": fit.converged}
 
-    def predict(self, x: Any, task_id: int | None = None) -> GaussianPredictive:
+    def converged_fraction(self) -> float:
+        """Fraction of the (non-constant) tasks' fits that ended by SciPy's convergence test."""
+        v = [c for c, k in zip(self._converged, self._constant) if not k]
+        return float(np.mean(v)) if v else float("nan")
+
+    def smoother(self) -> Smoother:
+        """GP-ELLA's Sect. 4.4 smoothing over the fitted kernels (:class:`Smoother`), the
+        distances taken between the fitted ``log theta`` or ``theta``
+        (``config.smoothing_parametrization``), each task with its own fitted ``sigma_f^2``."""
+        from inference.gp_ella import SingleTaskFit, expansion
+
+        if not len(self._store):
+            raise NotFittedError("IndividualGPs.smoother before any update()")
+        if self._smoother is None:
+            d = self._hyp[0][0].shape[0]
+            points = np.stack([expansion(SingleTaskFit(th, sf2, s2, np.zeros((d, d)), 0.0, 0,
+                                                       True, const, np.zeros(d)),
+                                         self.config.smoothing_parametrization)[0]
+                               for (th, sf2, s2), const in zip(self._hyp, self._constant)])
+            kernels = np.stack([h[0] for h in self._hyp])
+            self._smoother = Smoother(self.config, self._store, points, kernels,
+                                      lambda slot: float(self._hyp[slot][1]),
+                                      np.asarray([h[2] for h in self._hyp]))
+        return self._smoother
+
+    def predict(self, x: Any, task_id: int | None = None, *,
+                smoothing: bool | None = None) -> GaussianPredictive:
+        """Predictive of task ``task_id`` at ``x`` with the task's own GP, or with the
+        smoothing over all tasks' kernels (``smoothing``, default ``config.smoothing``)."""
         slot, xs = self._store.check_predict(x, task_id, "IndividualGPs")
         if xs.shape[0] == 0:
             return GaussianPredictive(np.zeros(0), np.zeros(0))
+        if self.config.smoothing if smoothing is None else smoothing:
+            mean, var = self.smoother().predict(slot, xs)
+            return GaussianPredictive(mean + self._store.y_mean[slot], var)
         th, sf2, s2 = self._hyp[slot]
         mean, var = _gp_predict(th, sf2, s2, self._store.X[slot], self._store.y[slot], xs,
                                 self.config.pad_multiple)
         return GaussianPredictive(mean + self._store.y_mean[slot], var)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"tasks": self._store.state(), "hyperparameters": _hyp_state(self._hyp)}
+        return {"tasks": self._store.state(), "hyperparameters": _hyp_state(self._hyp),
+                "converged": np.asarray(self._converged, bool),
+                "constant_targets": np.asarray(self._constant, bool)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._store = TaskStore.from_state(state["tasks"])
         h = state["hyperparameters"]
         self._hyp = [(np.asarray(h["theta"][i], np.float64), float(h["signal_variance"][i]),
                       float(h["noise_variance"][i])) for i in range(len(self._store))]
+        self._converged = [bool(v) for v in np.asarray(state["converged"]).reshape(-1)]
+        self._constant = [bool(v) for v in np.asarray(state["constant_targets"]).reshape(-1)]
+        self._smoother = None
 
     def to_inference_data(self, *args: Any, **kwargs: Any):
         """Per-task hyperparameter point estimates (type-II ML): one draw in ``posterior``,
@@ -247,7 +293,7 @@ class MultiTaskGP(_PooledGP):
                                                            (Xp, yp, onehot, mask)),
                           lower_bounds=lo, upper_bounds=hi,
                           unconstrained=ICMParams(False, True, False, False),
-                          max_iterations=c.max_iterations)
+                          max_iterations=c.max_iterations, tolerance=c.fit_tolerance)
         p = res.params
         return {"theta": np.asarray(p.theta), "W": np.asarray(p.W), "kappa": np.asarray(p.kappa),
                 "noise_variance": np.asarray(p.noise_variance), "nll": res.value,

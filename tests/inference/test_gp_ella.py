@@ -11,8 +11,10 @@ import pytest
 from numpyro.infer.util import potential_energy
 from scipy.optimize import minimize
 
-from inference.gp_ella import (ELLAEngine, basis_from_sums, fit_single_task, psd_part,
-                               sparse_code)
+from inference.gp_ella import (PREDICT_CHUNK, ELLAEngine, basis_from_sums,
+                               choose_smoothing_variance, effective_number_of_tasks, expansion,
+                               fit_single_task, has_negative_curvature, kernel_predictions,
+                               median_squared_distance, psd_part, smoothing_weights, sparse_code)
 from models.gp_ella import ella_surrogate_objective, ella_task_loss, gp_ella_model
 
 
@@ -198,7 +200,12 @@ def test_numpyro_map_equals_engine_codes_for_a_fixed_basis():
                    options={"ftol": 1e-16, "gtol": 1e-13, "maxiter": 10000, "maxcor": 50})
     S_map = (res.x[: T * k] - res.x[T * k:]).reshape(T, k)
     S_engine = np.stack([sparse_code(L, thetas[t], Hs[t], mu)[0] for t in range(T)])
-    np.testing.assert_allclose(S_engine, S_map, atol=2e-5)
+    # L-BFGS-B on the split variables stops within ~1e-4 of the minimizer (its projected
+    # gradient test on the orthant); the engine's codes meet eq. 10's optimality conditions
+    # exactly and are at least as good on the program's potential
+    np.testing.assert_allclose(S_engine, S_map, atol=1e-4)
+    for t in range(T):
+        assert _lasso_kkt_violation(L, thetas[t], Hs[t], mu, S_engine[t]) <= 1e-10
     z_engine = np.concatenate([np.maximum(S_engine, 0).ravel(), np.maximum(-S_engine, 0).ravel()])
     assert float(pot(jnp.asarray(z_engine))) <= res.fun + f0 + 1e-9
 
@@ -230,3 +237,145 @@ def test_single_task_fit_hessians_agree_and_constant_targets_skip_the_fit():
     assert a.theta[0] > 1e-4 and a.iterations > 0
     c = fit_single_task(X, np.full(20, 3.0))
     assert c.constant_targets and not c.theta.any() and not c.hessian.any()
+
+
+def test_uninformative_task_leaves_the_basis_and_task_count_unchanged():
+    """A task with H = 0 (constant targets: no information about the kernel) gets code 0 and
+    changes neither T, the running sums nor L (T counting it would grow the ridge T lambda and
+    shrink L); a later revisit with information counts it."""
+    rng = np.random.default_rng(8)
+    d, k = 4, 2
+    eng = ELLAEngine(k, 0.05, 0.5)
+    state, _ = _run_engine(rng, eng, d, 3)
+    new_state, info = eng.step(jax.random.PRNGKey(9), state, (np.zeros(d), np.zeros((d, d)), 3))
+    assert info.new_task and new_state.num_tasks == 3 and not new_state.counted[3]
+    np.testing.assert_array_equal(new_state.L, state.L)
+    np.testing.assert_array_equal(new_state.A, state.A)
+    np.testing.assert_array_equal(new_state.codes[3], 0.0)
+    later, _ = eng.step(jax.random.PRNGKey(10), new_state,
+                        (rng.uniform(0, 1, d), _random_psd(rng, d), 3))
+    assert later.num_tasks == 4 and later.counted[3]
+    # and back: an informative task whose new data carry no information leaves the sums
+    back, _ = eng.step(jax.random.PRNGKey(11), later, (np.zeros(d), np.zeros((d, d)), 3))
+    assert back.num_tasks == 3
+    np.testing.assert_allclose(back.A, state.A, atol=1e-12)
+    np.testing.assert_allclose(back.b, state.b, atol=1e-12)
+
+
+def _irrelevant_feature_task(seed=1, n=40):
+    """Feature 0 carries the signal, features 1 and 2 are pure noise (their theta go to the
+    fit's lower bound with this seed)."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 3))
+    y = np.sin(2 * X[:, 0]) + 0.1 * rng.normal(size=n)
+    return X, y - y.mean()
+
+
+def test_converged_fit_is_a_minimum_in_log_theta_not_in_theta():
+    """At a converged fit whose irrelevant features' theta went to the lower bound, the
+    log-theta Hessian (eq. 5 in u = log theta) is positive semi-definite while the theta
+    Hessian is indefinite: the fit is a stationary point in u, not in theta (there the
+    likelihood would like theta_a < 0: a large positive gradient)."""
+    X, y = _irrelevant_feature_task()
+    fit = fit_single_task(X, y, hessian="closed_form")
+    assert fit.converged and fit.iterations < 1000
+    assert fit.theta[0] > 0.1 and np.all(fit.theta[1:] <= 1.0001e-8)
+    u, Hu = expansion(fit, "log_theta")
+    theta, H = expansion(fit, "theta")
+    np.testing.assert_allclose(u, np.log(fit.theta))
+    np.testing.assert_array_equal(theta, fit.theta)
+    assert not has_negative_curvature(Hu) and np.linalg.eigvalsh(Hu)[0] > 0
+    assert has_negative_curvature(H)
+    assert np.all(fit.gradient[1:] > 1e3 * abs(fit.gradient[0]))
+    assert np.abs(fit.theta * fit.gradient).max() < 1e-4  # stationary in u
+    # a fit stopped early is not stationary in u
+    early = fit_single_task(X, y, max_iterations=5, hessian="closed_form")
+    assert not early.converged
+    assert np.abs(early.theta * early.gradient).max() > 1e-2
+
+
+def test_fit_single_task_refuses_float32():
+    """Without JAX float64 the fit raises (instead of silently fitting in float32)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import numpy as np\n"
+            "from inference.gp_ella import fit_single_task\n"
+            "try:\n"
+            "    fit_single_task(np.zeros((4, 2)) + np.arange(4)[:, None], np.arange(4.0) - 1.5)\n"
+            "except RuntimeError as e:\n"
+            "    print('refused:', 'jax_enable_x64' in str(e))\n")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                         env={"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu",
+                              "PYTHONPATH": str(root)}, timeout=300)
+    assert "refused: True" in out.stdout, out.stdout + out.stderr
+
+
+def test_kernel_predictions_compile_once_for_any_number_of_tasks():
+    """Kernels are predicted in padded chunks: 3, 17 and 40 known tasks reuse one compiled
+    function (no recompilation as the task count grows), and the padding changes nothing."""
+    from inference import gp_ella as eng
+
+    rng = np.random.default_rng(10)
+    X, y, Xs = rng.normal(size=(20, 3)), rng.normal(size=20), rng.normal(size=(7, 3))
+    thetas = rng.uniform(0.1, 2.0, (40, 3))
+    full = kernel_predictions(thetas, 1.3, 0.1, X, y, Xs)
+    size = eng._predict_chunk._cache_size()
+    for K in (3, 17, 40):
+        means, variances = kernel_predictions(thetas[:K], 1.3, 0.1, X, y, Xs)
+        assert means.shape == (K, 7)
+        np.testing.assert_allclose(means, full[0][:K], rtol=1e-12)
+        np.testing.assert_allclose(variances, full[1][:K], rtol=1e-12)
+    assert eng._predict_chunk._cache_size() == size and PREDICT_CHUNK < 40
+
+
+def test_smoothing_weights_limits_and_effective_number():
+    d2 = np.array([0.0, 1.0, 4.0, 9.0])
+    np.testing.assert_allclose(smoothing_weights(d2, 0, 0.0), [1, 0, 0, 0])
+    np.testing.assert_allclose(smoothing_weights(d2, 0, np.inf), [0.25] * 4)
+    w = smoothing_weights(d2, 0, 2.0)
+    np.testing.assert_allclose(w, np.exp(-d2 / 4) / np.exp(-d2 / 4).sum())
+    assert effective_number_of_tasks([1, 0, 0, 0]) == 1.0
+    assert effective_number_of_tasks([0.25] * 4) == 4.0
+    z = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]])  # squared distances 1, 4, 5
+    assert median_squared_distance(z) == 4.0 and median_squared_distance(z[:1]) == 0.0
+
+
+def test_choose_smoothing_variance_finds_the_scale_the_data_prefer():
+    """Held-out targets made by the task's own kernel pick no smoothing; targets equal to the
+    uniform average pick uniform weights; targets from the 1-nearest-neighbour weights of
+    variance 0.5 pick 0.5 from the grid."""
+    rng = np.random.default_rng(11)
+    K, n = 5, 8
+    points = rng.normal(size=(K, 2))
+    d2s = [np.sum((points - points[t]) ** 2, axis=1) for t in range(K)]
+    means = [rng.normal(size=(K, n)) for _ in range(K)]
+    grid = np.array([0.0, 0.05, 0.5, 5.0, np.inf])
+    own = [m[t] for t, m in enumerate(means)]
+    assert choose_smoothing_variance(d2s, list(range(K)), means, own, grid)[0] == 0.0
+    uniform = [m.mean(axis=0) for m in means]
+    assert choose_smoothing_variance(d2s, list(range(K)), means, uniform, grid)[0] == np.inf
+    mid = [smoothing_weights(d2s[t], t, 0.5) @ means[t] for t in range(K)]
+    best, sse = choose_smoothing_variance(d2s, list(range(K)), means, mid, grid)
+    assert best == 0.5 and sse[2] < 1e-20
+
+
+@pytest.mark.parametrize("lam", [math.exp(-12), 0.3])
+def test_low_rank_basis_update_equals_the_direct_solve(lam):
+    """The alternations' low-rank re-solve (Woodbury on one factorization per step, then one
+    refinement step) gives the basis and codes of a fresh Cholesky per alternation, also for
+    the grid's smallest lambda and rank-deficient H_t."""
+    d, k = 5, 6
+    states = []
+    for low_rank_min_size in (10**9, 1):
+        rng = np.random.default_rng(12)
+        eng = ELLAEngine(k, math.exp(-8), lam, low_rank_min_size=low_rank_min_size)
+        state, _ = _run_engine(rng, eng, d, 6, revisit=1)
+        states.append(state)
+    direct, low_rank = states
+    np.testing.assert_allclose(low_rank.L, direct.L, rtol=1e-7, atol=1e-9 * np.abs(direct.L).max())
+    np.testing.assert_allclose(low_rank.codes, direct.codes, rtol=1e-7,
+                               atol=1e-9 * np.abs(direct.codes).max())
+    np.testing.assert_allclose(low_rank.A, direct.A, rtol=1e-7, atol=1e-9 * np.abs(direct.A).max())

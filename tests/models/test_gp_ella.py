@@ -12,8 +12,9 @@ from numpyro.infer.util import potential_energy
 from models.exact_gp import GPRegressionParams, log_marginal_likelihood, posterior_predictive
 from models.exact_gp import condition as exact_condition
 from models.gp_ella import (TaskHyperparameters, ella_surrogate_objective, gp_ella_model,
-                            hessian_closed_form, mtl_objective, negative_log_marginal_likelihood,
-                            predict_task, se_ard_gram)
+                            gradient_and_hessian_closed_form, hessian_closed_form,
+                            log_theta_hessian, mtl_objective, negative_log_marginal_likelihood,
+                            predict_task, se_ard_gram, theta_from_code)
 from models.kernels_jax import SquaredExponential
 from models.multitask_gp import ICMParams, icm_negative_log_marginal_likelihood, icm_predict
 
@@ -108,6 +109,46 @@ def test_autodiff_hessian_equals_appendix_a_closed_form(seed):
     assert np.abs(printed - H_auto).max() > 0.1 * np.abs(H_auto).max()
 
 
+@jax.jit
+def _log_theta_derivatives(hyp, Xp, yp, m):
+    def nll_u(u):
+        return negative_log_marginal_likelihood(hyp._replace(theta=jnp.exp(u)), Xp, yp, m)
+
+    u = jnp.log(hyp.theta)
+    g, H = gradient_and_hessian_closed_form(hyp, Xp, yp, m)
+    return (jax.grad(nll_u)(u), jax.hessian(nll_u)(u), g, H,
+            jax.grad(lambda th: negative_log_marginal_likelihood(hyp._replace(theta=th), Xp, yp,
+                                                                 m))(hyp.theta))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_log_theta_hessian_from_closed_form_equals_autodiff(seed):
+    """H^u = diag(theta) H diag(theta) + diag(theta o g) (chain rule for u = log theta), with g
+    and H from App. A's closed form, against jax.hessian of the NLL as a function of u; the
+    closed-form gradient against jax.grad."""
+    X, y, hyp = _problem(seed, n=19 + seed, d=4)
+    Xp, yp, m = _pad(X, y, 32)
+    gu_auto, Hu_auto, g, H, g_auto = (np.asarray(a) for a in _log_theta_derivatives(hyp, Xp, yp, m))
+    np.testing.assert_allclose(g, g_auto, rtol=1e-9, atol=1e-10 * np.abs(g_auto).max())
+    np.testing.assert_allclose(np.asarray(hyp.theta) * g, gu_auto, rtol=1e-9,
+                               atol=1e-10 * np.abs(gu_auto).max())
+    Hu = log_theta_hessian(np.asarray(hyp.theta), g, H)
+    np.testing.assert_allclose(Hu, Hu_auto, rtol=1e-9, atol=1e-9 * np.abs(Hu_auto).max())
+    # the JAX path gives the same matrix
+    np.testing.assert_allclose(np.asarray(log_theta_hessian(hyp.theta, jnp.asarray(g),
+                                                            jnp.asarray(H))), Hu, rtol=1e-12)
+
+
+def test_theta_from_code_reads_the_parametrization():
+    z = np.array([-30.0, -1.0, 0.0, 2.0, 20.0])
+    np.testing.assert_allclose(theta_from_code(z, "theta"), [0, 0, 0, 2, 20])
+    np.testing.assert_allclose(theta_from_code(z, "log_theta"), np.exp(z))
+    np.testing.assert_allclose(theta_from_code(z, "log_theta", 1e-8, 1e6),
+                               [1e-8, np.exp(-1), 1, np.exp(2), 1e6], rtol=1e-12)
+    with pytest.raises(ValueError, match="parametrization"):
+        theta_from_code(z, "lengthscale")
+
+
 def _program_tasks(T=3, d=3, seed=0):
     rng = np.random.default_rng(seed)
     tasks = []
@@ -135,6 +176,28 @@ def test_program_potential_is_T_over_2_times_eq3():
     gaps = [float(gap(jnp.asarray(np.abs(rng.normal(size=(d, k)))),
                       jnp.asarray(rng.normal(size=(T, k))))) for _ in range(3)]
     np.testing.assert_allclose(gaps, gaps[0], rtol=0, atol=1e-9 * abs(gaps[0]) + 1e-9)
+
+
+def test_program_potential_in_log_theta_is_T_over_2_times_eq3():
+    """With log theta_t = L s_t the program's -log p differs from T/2 x eq. 3 (kernels
+    exp(L s_t)) by a constant, and it is not the theta-parametrized program."""
+    T, d, k, mu, lam = 3, 3, 2, 0.7, 0.3
+    tasks = _program_tasks(T, d, seed=1)
+    sv, nv = jnp.asarray([1.0, 1.5, 0.8]), jnp.asarray([0.05, 0.1, 0.2])
+    kw = dict(num_components=k, mu=mu, lam=lam, signal_variances=sv, noise_variances=nv)
+    rng = np.random.default_rng(4)
+
+    @jax.jit
+    def gaps(L, S):
+        pe = potential_energy(gp_ella_model, (tasks,), {**kw, "parametrization": "log_theta"},
+                              {"L": L, "s": S})
+        return (pe - 0.5 * T * mtl_objective(L, S, tasks, sv, nv, mu, lam, "log_theta"),
+                pe - 0.5 * T * mtl_objective(L, S, tasks, sv, nv, mu, lam, "theta"))
+
+    out = np.asarray([gaps(jnp.asarray(rng.normal(size=(d, k))),
+                           jnp.asarray(rng.normal(size=(T, k)))) for _ in range(3)])
+    np.testing.assert_allclose(out[:, 0], out[0, 0], rtol=0, atol=1e-9 * abs(out[0, 0]) + 1e-9)
+    assert np.ptp(out[:, 1]) > 1e-3
 
 
 def test_program_with_laplace_likelihood_is_T_over_2_times_eq9():

@@ -114,32 +114,160 @@ def test_constant_targets_and_tiny_tasks_are_handled():
     tasks = _tasks(2)
     g = _small()
     g.update(Batch(*tasks[0], task_id=0))
-    A_before = g.state.A.copy()
+    A_before, L_before, T_before = g.state.A.copy(), g.basis, g.state.num_tasks
     rec = g.update(Batch(tasks[1][0], np.full(20, 4.0), task_id=1))
-    assert rec["constant_targets"]
+    assert rec["constant_targets"] and not rec["negative_curvature"]
     np.testing.assert_array_equal(g.codes[1], 0.0)
-    np.testing.assert_array_equal(g.state.A, A_before)  # a zero code adds nothing
+    # no information about the kernel: the basis, the sums and T are exactly unchanged
+    np.testing.assert_array_equal(g.state.A, A_before)
+    np.testing.assert_array_equal(g.basis, L_before)
+    assert g.state.num_tasks == T_before == 1 and g.num_tasks == 2
     np.testing.assert_allclose(g.predict(tasks[0][0][:5], 1).mean, 4.0, atol=1e-9)
     rec = g.update(Batch(tasks[0][0][:3], tasks[0][1][:3], task_id=2))  # 3 points: no held-out
     assert not rec["line_search_possible"]
     assert np.all(np.isfinite(g.predict(tasks[0][0][:5], 2).mean))
+    assert g.diagnostics()["num_fitted_tasks"] == 2
 
 
-def test_to_inference_data_draws_the_basis_around_its_mean():
+def test_to_inference_data_draws_the_basis_posterior_of_the_program():
+    """The draws of vec(L) have the mean and precision of the NumPyro program's posterior given
+    the codes (Laplace likelihood): mean = the minimizer of its potential, precision = the
+    autodiff Hessian of its potential in vec(L); checked by whitening the draws with that
+    Hessian (mean 0 and unit covariance within Monte Carlo error)."""
+    import jax
+    import jax.numpy as jnp
+    from numpyro.infer.util import potential_energy
+
+    from models.gp_ella import gp_ella_model
+
     tasks = _tasks(3)
     g = _small()
     for t in range(3):
         g.update(Batch(*tasks[t], task_id=t))
-    idata = g.to_inference_data(num_draws=400, seed=1)
-    assert idata.posterior["L"].shape == (4, 100, D, 2)          # independent draws, 4 chains
+    n = 4000
+    idata = g.to_inference_data(num_draws=n, seed=1)
+    assert idata.posterior["L"].shape == (4, n // 4, D, 2)       # independent draws, 4 chains
     assert idata.attrs["sampling"] == "independent draws"
-    L_draws = np.asarray(idata.posterior["L"]).reshape(1, 400, D, 2)
-    theta = np.asarray(idata.posterior["theta"]).reshape(1, 400, 3, D)
-    np.testing.assert_allclose(theta[0, 0], g.codes @ L_draws[0, 0].T, rtol=1e-12)
-    # mean of the draws within 5 Monte Carlo standard errors of L
-    se = L_draws[0].std(axis=0) / math.sqrt(400)
-    assert np.all(np.abs(L_draws[0].mean(axis=0) - g.basis) <= 5 * se + 1e-12)
+    L_draws = np.asarray(idata.posterior["L"]).reshape(1, n, D, 2)
+    theta = np.asarray(idata.posterior["theta"]).reshape(1, n, 3, D)
+    np.testing.assert_allclose(theta[0, 0], np.exp(g.codes @ L_draws[0, 0].T), rtol=1e-12)
+    s = g.state
+    T, k = s.num_tasks, 2
+    kw = dict(num_components=k, mu=g.config.mu, lam=g.config.lam, signal_variances=None,
+              noise_variances=None, likelihood="laplace", theta_hat=jnp.asarray(s.thetas),
+              hessians=jnp.asarray(s.hessians), parametrization="log_theta")
+    program_tasks = [(jnp.zeros((1, D)), None, jnp.ones(1))] * T
+
+    def pot(vec):
+        L = vec.reshape(k, D).T  # column-major vec
+        return potential_energy(gp_ella_model, (program_tasks,), kw,
+                                {"L": L, "s": jnp.asarray(s.codes)})
+
+    vec0 = jnp.asarray(g.basis.reshape(-1, order="F"))
+    P = np.asarray(jax.hessian(pot)(vec0))
+    grad = np.asarray(jax.grad(pot)(vec0))
+    assert np.abs(grad).max() < 1e-8 * np.abs(P).max()  # L is the posterior mode
+    C = np.linalg.cholesky(P)
+    z = (L_draws[0].transpose(0, 2, 1).reshape(n, -1) - np.asarray(vec0)) @ C
+    se = 1.0 / math.sqrt(n)
+    assert np.all(np.abs(z.mean(axis=0)) < 5 * se)
+    cov = np.cov(z.T)
+    # a sample covariance of unit normals: s.e. 1/sqrt(n) off, sqrt(2/n) on the diagonal
+    assert np.all(np.abs(np.diag(cov) - 1) < 5 * math.sqrt(2) * se)
+    assert np.all(np.abs(cov - np.diag(np.diag(cov))) < 5 * se)
     assert np.asarray(idata.constant_data["hessian"]).shape == (3, D, D)
+
+
+def _relevant_feature_tasks(n_tasks=7, n=30, seed=0):
+    """Tasks in which every feature matters (no flat direction of the likelihood)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n_tasks):
+        x = rng.normal(size=(n, D))
+        a = rng.uniform(0.5, 2.0, D)
+        y = np.sin(a[0] * x[:, 0]) + np.cos(a[1] * x[:, 1]) * x[:, 2] * a[2]
+        out.append((x, y + 0.05 * rng.normal(size=n)))
+    return out
+
+
+def test_k_equal_d_limit_predicts_as_individual_gps():
+    """k = d, mu = lambda = 1e-10, no smoothing, no line search: L s_t reconstructs every
+    task's log theta_hat (more tasks than k, so the online basis must keep all of them), and
+    GP-ELLA predicts as individual GPs do, to 1e-8 relative (measured: about 1e-11). The
+    expansions are at minima (converged fits, no negative curvature)."""
+    tasks = _relevant_feature_tasks()
+    g = GPELLA(num_components=D, mu=1e-10, lam=1e-10, smoothing=False, line_search=False)
+    ind = IndividualGPs()
+    for t, (x, y) in enumerate(tasks):
+        g.update(Batch(x, y, task_id=t))
+        ind.update(Batch(x, y, task_id=t))
+    diag = g.diagnostics()
+    assert diag["fit_converged_fraction"] == 1.0 and diag["hessian_negative_fraction"] == 0.0
+    assert diag["theta_clipped_fraction"] == 0.0
+    np.testing.assert_allclose(g.reconstructed_thetas(), g.fitted_thetas(), rtol=1e-8)
+    xs = np.random.default_rng(5).normal(size=(11, D))
+    for t in range(len(tasks)):
+        a, b = g.predict(xs, t), ind.predict(xs, t)
+        np.testing.assert_allclose(a.mean, b.mean, rtol=0, atol=1e-8 * np.std(b.mean))
+        np.testing.assert_allclose(a.variance, b.variance, rtol=1e-8)
+
+
+def test_line_search_conditions_on_the_fit_part_and_scores_the_held_out_part():
+    """Sect. 4.4's line search: the learner's sigma_f^2 is the grid point with the least
+    squared error on the held-out 20 % of the task's training data, predicted by the GP with
+    kernel L s_t conditioned on the other 80 % (the fit itself saw all training data, as in
+    the paper: the held-out part is held out at prediction)."""
+    from inference.gp_ella import line_search_signal_variance
+    from ppl_cl.learners.gp_ella import heldout_split_of
+
+    tasks = _tasks(3, n=25)
+    g = _small()
+    for t, (x, y) in enumerate(tasks):
+        g.update(Batch(x, y, task_id=t))
+    c = g.config
+    for slot in range(3):
+        fit_idx, val_idx = heldout_split_of(g._store, slot, c)
+        assert len(val_idx) == 5 and not set(fit_idx) & set(val_idx)
+        assert len(fit_idx) + len(val_idx) == 25
+        X, y = g._store.X[slot], g._store.y[slot]
+        ratios = 10.0 ** np.linspace(*c.line_search_log10_range, c.line_search_points)
+        base = g._fits[slot]["signal_variance"]
+        best, sse = line_search_signal_variance(
+            g.reconstructed_thetas()[slot], g._fits[slot]["noise_variance"], base,
+            X[fit_idx], y[fit_idx], X[val_idx], y[val_idx], ratios)
+        assert g.signal_variance(slot) == best
+        assert np.isclose(best / base, ratios[np.argmin(sse)])
+
+
+def test_smoothing_ablations_share_the_learned_model():
+    """predict(smoothing=False) is GP-ELLA with the task's own kernel; individual GPs with
+    smoothing and a uniform scale average the predictions of every task's fitted kernel on
+    the task's own data (each with the task's sigma_f^2); the held-out scale is a grid value."""
+    from inference.gp_ella import effective_number_of_tasks
+    from ppl_cl.learners.gp_ella_baselines import _gp_predict
+
+    tasks = _tasks(4)
+    g = _small(smoothing_scale="fixed", smoothing_variance=1e300)
+    ind = IndividualGPs(max_iterations=20, smoothing_scale="fixed", smoothing_variance=1e300)
+    for t, (x, y) in enumerate(tasks):
+        g.update(Batch(x, y, task_id=t))
+        ind.update(Batch(x, y, task_id=t))
+    xs = tasks[1][0][:6]
+    assert not np.allclose(g.predict(xs, 1, smoothing=False).mean, g.predict(xs, 1).mean)
+    np.testing.assert_allclose(g.smoother().weights(1), 0.25, rtol=1e-12)
+    X, y = ind._store.X[1], ind._store.y[1]
+    _, sf2, s2 = ind._hyp[1]
+    means = [_gp_predict(th, sf2, s2, X, y, xs, 16)[0] for th, _, _ in ind._hyp]
+    np.testing.assert_allclose(ind.predict(xs, 1, smoothing=True).mean,
+                               np.mean(means, axis=0) + ind._store.y_mean[1], rtol=1e-10)
+    np.testing.assert_allclose(ind.predict(xs, 1).mean, means[1] + ind._store.y_mean[1],
+                               rtol=1e-10)
+    h = _small()
+    for t, (x, y) in enumerate(tasks):
+        h.update(Batch(x, y, task_id=t))
+    sm = h.smoother()
+    assert sm.variance in set(sm.grid) and len(sm.heldout_sse) == len(sm.grid)
+    assert 1.0 <= effective_number_of_tasks(sm.weights(0)) <= 4.0
 
 
 def test_individual_gps_predict_like_exact_gp_with_the_same_hyperparameters():
