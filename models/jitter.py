@@ -5,7 +5,7 @@
 ``j = base * factor**k``, ``k = 0 .. max_tries-1``; the first factor that succeeds is returned,
 with a warning naming the jitter it took; when every try fails an error names the matrix, its
 shape and the last jitter. :func:`escalate` runs that schedule on concrete arrays for any
-backend's factorization; the traced JAX regime (``lax.cond``) uses :func:`schedule` only.
+backend's factorization; the traced JAX regime (``lax.while_loop``) uses :func:`schedule` only.
 """
 
 from __future__ import annotations

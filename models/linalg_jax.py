@@ -5,8 +5,9 @@ Two regimes, one function:
 * **concrete** arrays (eager code, learners' entry points): tries ``A``, then escalating jitter,
   warns with :class:`JitterWarning` when jitter was needed and raises :class:`CholeskyError`
   naming the matrix and the last jitter when all tries fail — exactly like the torch helper;
-* **traced** arrays (inside ``jit`` / ``grad``): the same escalation as nested ``lax.cond`` (only
-  the taken branch runs). A trace cannot raise, so when every try fails the factor is NaN and
+* **traced** arrays (inside ``jit`` / ``grad``): the same escalation as one ``lax.while_loop``
+  over the schedule (one factorization in the program; it stops at the first success). A
+  trace cannot raise, so when every try fails the factor is NaN and
   the caller's finite-loss guard reports it. Differentiation uses the Cholesky tangent rule
   ``dL = L Phi(L^-1 dA L^-T)`` (Phi: lower triangle, halved diagonal; Murray 2016) at the
   factor actually returned, with the jitter held constant — so a failed first attempt never
@@ -50,19 +51,25 @@ def _ok(L: Array) -> Array:
 
 @partial(jax.custom_jvp, nondiff_argnums=(1,))
 def _escalating_cholesky(A: Array, jitters: tuple[float, ...]) -> Array:
-    """Traced regime: ``chol(A)``, else ``chol(A + j_k mean(diag A) I)`` for the first j_k that works."""
+    """Traced regime: ``chol(A)``, else ``chol(A + j_k mean(diag A) I)`` for the first j_k that
+    works: one ``lax.while_loop`` whose body holds the one factorization (attempt 0 adds 0, so
+    it factors ``A`` itself), so the compiled program has a single Cholesky however long the
+    schedule."""
     scale = jnp.maximum(jnp.mean(jnp.abs(jnp.diagonal(A, axis1=-2, axis2=-1))),
                         jnp.finfo(A.dtype).tiny)
     eye = jnp.eye(A.shape[-1], dtype=A.dtype)
+    shifts = jnp.asarray((0.0,) + tuple(jitters), A.dtype)
 
-    def attempt(k: int) -> Array:
-        L = jnp.linalg.cholesky(A + (jitters[k] * scale) * eye)
-        if k == len(jitters) - 1:
-            return L
-        return jax.lax.cond(_ok(L), lambda: L, lambda: attempt(k + 1))
+    def cond(carry):
+        k, L = carry
+        return (k < shifts.shape[0]) & ~_ok(L)
 
-    L0 = jnp.linalg.cholesky(A)
-    return jax.lax.cond(_ok(L0), lambda: L0, lambda: attempt(0))
+    def body(carry):
+        k, _ = carry
+        return k + 1, jnp.linalg.cholesky(A + (shifts[k] * scale) * eye)
+
+    start = jnp.full(A.shape, jnp.nan, A.dtype)
+    return jax.lax.while_loop(cond, body, (jnp.asarray(0, jnp.int32), start))[1]
 
 
 @_escalating_cholesky.defjvp

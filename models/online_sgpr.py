@@ -61,6 +61,7 @@ from models.linalg_jax import jitter_cholesky, symmetrize
 __all__ = ["OldPosterior", "OldTerms", "old_terms", "BoundPieces", "bound_pieces",
            "bound_constant", "online_elbo", "online_elbo_and_residual",
            "online_upper_bound", "optimal_inducing_posterior", "predictive",
+           "elbo_and_inducing_posterior",
            "predict_from_inducing", "online_sgpr_model", "optimal_guide", "uncollapsed_elbo",
            "GPRegressionParams", "ONLINE_JITTER", "FIRST_BATCH_SELECTION_JITTER"]
 
@@ -166,8 +167,10 @@ class BoundPieces(NamedTuple):
 
 def bound_pieces(params: GPRegressionParams, X: Array, y: Array, Z: Array, old: OldTerms | None,
                  jitter: float, z_mask: Array | None = None,
-                 x_mask: Array | None = None) -> BoundPieces:
-    """:class:`BoundPieces` of ``F`` at inducing inputs ``Z`` (``jitter`` on K_bb, K_aa, D).
+                 x_mask: Array | None = None, d_jitter: float | None = None) -> BoundPieces:
+    """:class:`BoundPieces` of ``F`` at inducing inputs ``Z`` (``jitter`` on K_bb, K_aa, and on
+    D unless ``d_jitter`` is given: GPflow's ``SGPR``, the reference's first-batch model, puts
+    none on ``D``; its ``OSGPR_VFE`` and the selection code put ``jitter`` there).
 
     ``z_mask`` / ``x_mask`` mark the real rows of padded ``Z`` / ``X`` (padded ``y`` must be 0);
     padded rows contribute nothing, so a padded call equals the unpadded one.
@@ -191,7 +194,8 @@ def bound_pieces(params: GPRegressionParams, X: Array, y: Array, Z: Array, old: 
         D = D + PA @ P_a.T
         K_aa = _gram(kern, old.a, old.mask, jitter)
         trace_a = jnp.sum(old.A * K_aa) - jnp.sum(PA * P_a)
-    d_jit = jitter * eye if z_mask is None else jnp.diag(jnp.where(z_mask, jitter, 0.0))
+    dj = jitter if d_jitter is None else d_jitter
+    d_jit = dj * eye if z_mask is None else jnp.diag(jnp.where(z_mask, dj, 0.0))
     L_D = jitter_cholesky(symmetrize(D) + d_jit, name="D")
     v = solve_triangular(L_D, ct, lower=True)
     return BoundPieces(L_b, P_f, P_a, L_D, ct, v, resid, trace_a)
@@ -215,10 +219,23 @@ def bound_constant(params: GPRegressionParams, X: Array, y: Array, old: OldTerms
     return c
 
 
+def _elbo_from_pieces(params: GPRegressionParams, X: Array, y: Array, p: BoundPieces,
+                      old: OldTerms | None, x_mask: Array | None) -> Array:
+    """``F`` (module docstring) from the factors of :func:`bound_pieces`."""
+    N = X.shape[0] if x_mask is None else jnp.sum(x_mask)
+    s2 = params.noise_variance
+    F = (-0.5 * N * (_LOG_2PI + jnp.log(s2)) - 0.5 * jnp.dot(y, y) / s2
+         + 0.5 * jnp.dot(p.v, p.v) - jnp.sum(jnp.log(jnp.diagonal(p.L_D)))
+         - 0.5 * jnp.sum(p.resid) / s2)
+    if old is not None:
+        F = F + old.const - 0.5 * p.trace_a
+    return F
+
+
 def online_elbo_and_residual(params: GPRegressionParams, X: Array, y: Array, Z: Array,
                              old: OldTerms | None = None, *, jitter: float = ONLINE_JITTER,
-                             z_mask: Array | None = None, x_mask: Array | None = None
-                             ) -> tuple[Array, Array]:
+                             z_mask: Array | None = None, x_mask: Array | None = None,
+                             d_jitter: float | None = None) -> tuple[Array, Array]:
     """The collapsed online bound ``F`` (module docstring) and ``diag(K_ff - Q_ff)``.
 
     Args:
@@ -228,27 +245,22 @@ def online_elbo_and_residual(params: GPRegressionParams, X: Array, y: Array, Z: 
         old: :func:`old_terms` of the old summary, ``None`` for the first batch (SGPR bound).
         jitter: added to ``K_bb``, ``K_aa`` and ``D``.
         z_mask, x_mask: real rows of padded ``Z`` / ``X`` (:func:`bound_pieces`).
+        d_jitter: the jitter on ``D`` if not ``jitter`` (:func:`bound_pieces`).
 
     Returns:
         ``(F, residual (N,))``.
     """
-    N = X.shape[0] if x_mask is None else jnp.sum(x_mask)
-    s2 = params.noise_variance
-    p = bound_pieces(params, X, y, Z, old, jitter, z_mask, x_mask)
-    F = (-0.5 * N * (_LOG_2PI + jnp.log(s2)) - 0.5 * jnp.dot(y, y) / s2
-         + 0.5 * jnp.dot(p.v, p.v) - jnp.sum(jnp.log(jnp.diagonal(p.L_D)))
-         - 0.5 * jnp.sum(p.resid) / s2)
-    if old is not None:
-        F = F + old.const - 0.5 * p.trace_a
-    return F, p.resid
+    p = bound_pieces(params, X, y, Z, old, jitter, z_mask, x_mask, d_jitter)
+    return _elbo_from_pieces(params, X, y, p, old, x_mask), p.resid
 
 
 def online_elbo(params: GPRegressionParams, X: Array, y: Array, Z: Array,
                 old: OldTerms | None = None, *, jitter: float = ONLINE_JITTER,
-                z_mask: Array | None = None, x_mask: Array | None = None) -> Array:
+                z_mask: Array | None = None, x_mask: Array | None = None,
+                d_jitter: float | None = None) -> Array:
     """The collapsed online bound ``F`` (first batch: the SGPR bound); see the module docstring."""
     return online_elbo_and_residual(params, X, y, Z, old, jitter=jitter, z_mask=z_mask,
-                                    x_mask=x_mask)[0]
+                                    x_mask=x_mask, d_jitter=d_jitter)[0]
 
 
 def online_upper_bound(params: GPRegressionParams, X: Array, y: Array, Z: Array,
@@ -290,6 +302,23 @@ def online_upper_bound(params: GPRegressionParams, X: Array, y: Array, Z: Array,
     return U
 
 
+def _predictive_from_pieces(params: GPRegressionParams, Z: Array, p: BoundPieces,
+                            X_star: Array, full_cov: bool, z_mask: Array | None,
+                            star_mask: Array | None = None) -> tuple[Array, Array]:
+    """Predictive at ``X_star`` from the factors; ``star_mask`` marks its real rows (the
+    others get zero mean and zero rows / columns of the covariance)."""
+    kern = params.kernel
+    B = solve_triangular(p.L_b, _cross(kern, Z, X_star, z_mask, star_mask), lower=True)
+    C = solve_triangular(p.L_D, B, lower=True)                    # L_D^-1 L_b^-1 K_b*
+    mean = C.T @ p.v
+    if full_cov:
+        K = kern(X_star) if star_mask is None else \
+            jnp.where(star_mask[:, None] & star_mask[None, :], kern(X_star), 0.0)
+        return mean, symmetrize(K - B.T @ B + C.T @ C)
+    kd = kern.diag(X_star) if star_mask is None else jnp.where(star_mask, kern.diag(X_star), 0.0)
+    return mean, kd - jnp.sum(B * B, axis=0) + jnp.sum(C * C, axis=0)
+
+
 def predictive(params: GPRegressionParams, X: Array, y: Array, Z: Array, old: OldTerms | None,
                X_star: Array, *, jitter: float = ONLINE_JITTER, full_cov: bool = False,
                z_mask: Array | None = None, x_mask: Array | None = None
@@ -298,14 +327,8 @@ def predictive(params: GPRegressionParams, X: Array, y: Array, Z: Array, old: Ol
 
     Returns ``mean (n,)`` and ``variance (n,)`` (or covariance ``(n, n)``), noise excluded.
     """
-    kern = params.kernel
     p = bound_pieces(params, X, y, Z, old, jitter, z_mask, x_mask)
-    B = solve_triangular(p.L_b, _cross(kern, Z, X_star, z_mask, None), lower=True)  # L_b^-1 K_b*
-    C = solve_triangular(p.L_D, B, lower=True)                    # L_D^-1 L_b^-1 K_b*
-    mean = C.T @ p.v
-    if full_cov:
-        return mean, symmetrize(kern(X_star) - B.T @ B + C.T @ C)
-    return mean, kern.diag(X_star) - jnp.sum(B * B, axis=0) + jnp.sum(C * C, axis=0)
+    return _predictive_from_pieces(params, Z, p, X_star, full_cov, z_mask)
 
 
 def optimal_inducing_posterior(params: GPRegressionParams, X: Array, y: Array, Z: Array,
@@ -318,8 +341,19 @@ def optimal_inducing_posterior(params: GPRegressionParams, X: Array, y: Array, Z
     ``1e-6 I`` to ``S_b`` then; the learner does the same when it builds :class:`OldPosterior`).
     With ``z_mask`` the padded rows / columns of the result are zero (slice them off).
     """
-    return predictive(params, X, y, Z, old, Z, jitter=jitter, full_cov=True, z_mask=z_mask,
-                      x_mask=x_mask)
+    p = bound_pieces(params, X, y, Z, old, jitter, z_mask, x_mask)
+    return _predictive_from_pieces(params, Z, p, Z, True, z_mask, z_mask)
+
+
+def elbo_and_inducing_posterior(params: GPRegressionParams, X: Array, y: Array, Z: Array,
+                                old: OldTerms | None = None, *, jitter: float = ONLINE_JITTER,
+                                z_mask: Array | None = None, x_mask: Array | None = None,
+                                d_jitter: float | None = None) -> tuple[Array, Array, Array]:
+    """``(F, m_b, S_b)``: :func:`online_elbo` and :func:`optimal_inducing_posterior` from one
+    factorization of the bound (``d_jitter`` as :func:`bound_pieces`)."""
+    p = bound_pieces(params, X, y, Z, old, jitter, z_mask, x_mask, d_jitter)
+    m, S = _predictive_from_pieces(params, Z, p, Z, True, z_mask, z_mask)
+    return _elbo_from_pieces(params, X, y, p, old, x_mask), m, S
 
 
 def predict_from_inducing(params: GPRegressionParams, Z: Array, mean: Array, covariance: Array,

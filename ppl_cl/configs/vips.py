@@ -42,8 +42,11 @@ class OnlineSGPRConfig:
         cv_max_points: Conditional Variance's cap on M (same configs: 8000).
         oips_rho: OIPS acceptance threshold (``OIPS.py`` default 0.8; the UCI configs use 0.96).
         oips_kmin: OIPS' random start in the first batch (``OIPS.py``: 10).
-        fixed_m: M of the fixed policy; fixed_method: ``"random"`` (Bui et al. 2017) or
-            ``"greedy"`` (greedy variance, the fixed-M rows of VIPS Fig. 2a).
+        fixed_m: M of the fixed policy; fixed_method: ``"random"`` (a uniform subset of the old
+            points and the batch), ``"greedy"`` (greedy variance, the fixed-M rows of VIPS Fig.
+            2a) or ``"old-new"`` (70 % of M from the old points and 30 % from the batch, at
+            random: the reference's fixed-memory baseline after Bui et al. 2017, whose inputs
+            the reference also optimizes; see :class:`inference.vips.FixedM`).
         kernel: ``"se"`` (isotropic SE, the UCI and synthetic kernel, App. F), ``"se-ard"``,
             ``"matern52"``, or ``"constant+matern52"`` (the magnetic-field kernel, App. F.4).
         variance, lengthscale, noise_variance: initial hyperparameters (App. F.3: 1, 1, 0.1).
@@ -53,9 +56,17 @@ class OnlineSGPRConfig:
         summary_jitter: added to S_b when it becomes the next q_old (``utils_uci.py``: 1e-6).
         fit: fit kernel + noise by L-BFGS after selection (App. F: "L-BFGS for all").
         variance_bounds: box on every kernel variance during the fit (``utils_uci.py``:
-            a sigmoid onto [1e-6, 2e3]).
+            a sigmoid onto [1e-6, 2e3]); ``None``: no box (softplus, as GPflow's default and the
+            reference's synthetic scripts).
         min_noise_variance: noise floor (GPflow's Gaussian likelihood: 1e-6).
-        max_iterations: L-BFGS iterations per batch (GPflow ``Scipy``: 1000).
+        max_iterations: L-BFGS iterations per batch (GPflow's ``Scipy`` passes none, so
+            SciPy's L-BFGS-B default, 15000, applies).
+        parametrization: what L-BFGS-B optimizes (:func:`inference.vips.fit_hyperparameters`):
+            ``"gpflow"`` (the reference's GPflow transforms: sigmoid onto ``variance_bounds`` for
+            the kernel variance, softplus for the lengthscale, softplus + ``min_noise_variance``
+            for the noise) or ``"log"`` (log-hyperparameters with those limits as box bounds).
+            On a small batch the bound can have several basins and the two may end in
+            different ones; ``"gpflow"`` ends where the reference does.
         incremental: rank-one growth of the bound in greedy selection (``False``: the
             from-scratch reference, one full bound per added point, as the authors' code).
         seed: seeds the policy's randomness (L_max subsample, CV tie-break, OIPS start, fixed).
@@ -70,7 +81,7 @@ class OnlineSGPRConfig:
     oips_rho: float = 0.8
     oips_kmin: int = 10
     fixed_m: int = 100
-    fixed_method: Literal["random", "greedy"] = "random"
+    fixed_method: Literal["random", "greedy", "old-new"] = "random"
     kernel: Literal["se", "se-ard", "matern52", "constant+matern52"] = "se"
     variance: float = 1.0
     lengthscale: float = 1.0
@@ -80,9 +91,10 @@ class OnlineSGPRConfig:
     first_selection_jitter: float = 1e-4
     summary_jitter: float = 1e-6
     fit: bool = True
-    variance_bounds: tuple[float, float] = (1e-6, 2e3)
+    variance_bounds: tuple[float, float] | None = (1e-6, 2e3)
     min_noise_variance: float = 1e-6
-    max_iterations: int = 1000
+    max_iterations: int = 15000
+    parametrization: Literal["gpflow", "log"] = "gpflow"
     incremental: bool = True
     seed: int = 0
 
@@ -93,9 +105,12 @@ class OnlineSGPRConfig:
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, received "
                              f"{self.kernel!r}")
-        if self.fixed_method not in ("random", "greedy"):
-            raise ValueError(f"fixed_method: expected 'random' or 'greedy', received "
-                             f"{self.fixed_method!r}")
+        if self.parametrization not in ("gpflow", "log"):
+            raise ValueError(f"parametrization: expected 'gpflow' or 'log', received "
+                             f"{self.parametrization!r}")
+        if self.fixed_method not in ("random", "greedy", "old-new"):
+            raise ValueError(f"fixed_method: expected 'random', 'greedy' or 'old-new', "
+                             f"received {self.fixed_method!r}")
         for name in ("delta", "first_delta"):
             v = getattr(self, name)
             if name == "first_delta" and v is None:
@@ -116,10 +131,13 @@ class OnlineSGPRConfig:
         if not self.min_noise_variance >= 0:
             raise ValueError(f"min_noise_variance: expected >= 0, received "
                              f"{self.min_noise_variance!r}")
-        lo, hi = self.variance_bounds
-        if not (0 < lo < hi):
-            raise ValueError(f"variance_bounds: expected 0 < low < high, received "
-                             f"{self.variance_bounds!r}")
+        if self.variance_bounds is not None:
+            # a config read back from JSON holds a list
+            object.__setattr__(self, "variance_bounds", tuple(self.variance_bounds))
+            lo, hi = self.variance_bounds
+            if not (0 < lo < hi):
+                raise ValueError(f"variance_bounds: expected 0 < low < high (or None), "
+                                 f"received {self.variance_bounds!r}")
         _int_at_least("lmax_points", self.lmax_points, 1)
         _int_at_least("cv_max_points", self.cv_max_points, 1)
         _int_at_least("oips_kmin", self.oips_kmin, 1)

@@ -47,6 +47,7 @@ __all__ = [
     "ChecksumWarning", "UCISplit", "MagneticRun", "CUBFeatures",
     "GAL_DATASETS", "EVANS_DATASETS", "PARKINSONS_FEATURES",
     "read_idx", "load_mnist", "load_digits", "load_uci_gal", "load_uci_evans",
+    "load_uci_gal_table", "load_uci_evans_table",
     "load_bike_raw", "load_skillcraft_raw", "load_letter", "load_schools", "load_parkinsons",
     "load_magnetic", "load_magnetic_runs", "load_restricted_pickle", "load_cifar10",
     "load_cifar100", "cifar_class_names", "load_cub_features",
@@ -368,6 +369,46 @@ def _index_vector(path: Path) -> np.ndarray:
     return values.astype(np.int64)
 
 
+def _gal_table(name: str, data_dir: PathLike | None):
+    """The whole table of a Gal & Ghahramani set with its feature / target columns checked."""
+    if name not in GAL_DATASETS:
+        raise ValueError(f"unknown Gal & Ghahramani UCI set {name!r}; "
+                         f"known: {', '.join(GAL_DATASETS)}")
+    dataset, base = f"uci-gal/{name}", f"uci/gal/{name}"
+    root = _root.locate(dataset, data_dir)
+    data_path = _checked(root, f"{base}/data.txt")
+    table = _loadtxt(data_path)
+    n_rows, n_cols = table.shape
+    features = _index_vector(_checked(root, f"{base}/index_features.txt"))
+    target = _index_vector(_checked(root, f"{base}/index_target.txt"))
+    if target.shape != (1,):
+        raise ValueError(f"{root / base / 'index_target.txt'}: expected one target column, "
+                         f"got {target.tolist()}")
+    columns = np.concatenate([features, target])
+    if columns.min() < 0 or columns.max() >= n_cols:
+        raise ValueError(f"{data_path}: column indices {columns.tolist()} outside the "
+                         f"{n_cols} columns")
+    if target[0] in features:
+        raise ValueError(f"{root / base}: target column {target[0]} is also a feature column")
+    return dataset, base, root, data_path, table, features, int(target[0])
+
+
+def load_uci_gal_table(name: str, data_dir: PathLike | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Every row of a Gal & Ghahramani set, in the order of its ``data.txt`` (no split).
+
+    Args:
+        name: one of :data:`GAL_DATASETS`.
+        data_dir: data root searched first.
+
+    Returns:
+        ``x (n, d)``, ``y (n,)`` float64 in raw units, rows in file order (for concrete the
+        order of the UCI file, which is what the VIPS reference reads).
+    """
+    _, _, _, _, table, features, target = _gal_table(name, data_dir)
+    return table[:, features], table[:, target]
+
+
 def load_uci_gal(name: str, split: int = 0, data_dir: PathLike | None = None) -> UCISplit:
     """A UCI regression set with the train/test splits of Gal & Ghahramani (2016).
 
@@ -405,20 +446,8 @@ def load_uci_gal(name: str, split: int = 0, data_dir: PathLike | None = None) ->
         if split >= n_splits:
             raise ValueError(f"split {split} out of range: {name} has {n_splits} splits "
                              f"(0..{n_splits - 1}), per {n_splits_file}")
-    data_path = _checked(root, f"{base}/data.txt")
-    table = _loadtxt(data_path)
-    n_rows, n_cols = table.shape
-    features = _index_vector(_checked(root, f"{base}/index_features.txt"))
-    target = _index_vector(_checked(root, f"{base}/index_target.txt"))
-    if target.shape != (1,):
-        raise ValueError(f"{root / base / 'index_target.txt'}: expected one target column, "
-                         f"got {target.tolist()}")
-    columns = np.concatenate([features, target])
-    if columns.min() < 0 or columns.max() >= n_cols:
-        raise ValueError(f"{data_path}: column indices {columns.tolist()} outside the "
-                         f"{n_cols} columns")
-    if target[0] in features:
-        raise ValueError(f"{root / base}: target column {target[0]} is also a feature column")
+    dataset, base, root, data_path, table, features, target = _gal_table(name, data_dir)
+    n_rows = table.shape[0]
     train_relpath = f"{base}/splits/index_train_{split}.txt"
     test_relpath = f"{base}/splits/index_test_{split}.txt"
     train = _index_vector(_extra_file(dataset, root, train_relpath))
@@ -429,8 +458,23 @@ def load_uci_gal(name: str, split: int = 0, data_dir: PathLike | None = None) ->
                              f"({n_rows} rows in {data_path})")
     if np.intersect1d(train, test).size:
         raise ValueError(f"{root / base}: split {split} has rows in both train and test")
-    x, y = table[:, features], table[:, target[0]]
+    x, y = table[:, features], table[:, target]
     return UCISplit(x[train], y[train], x[test], y[test])
+
+
+def load_uci_evans_table(name: str, data_dir: PathLike | None = None
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """Every row of a ``treforevans/uci_datasets`` set in file order (no split): ``x (n, d)``,
+    ``y (n,)`` float64 (the file's units: mean-centred; bike's target centred log(cnt))."""
+    if name not in EVANS_DATASETS:
+        raise ValueError(f"unknown uci_datasets set {name!r}; known: {', '.join(EVANS_DATASETS)}")
+    base = f"uci/evans/{name}"
+    root = _root.locate(f"uci-evans/{name}", data_dir)
+    data_path = _checked(root, f"{base}/data.csv.gz")
+    table = _loadtxt(data_path, delimiter=",")
+    if table.ndim != 2 or table.shape[1] < 2:
+        raise ValueError(f"{data_path}: need at least one feature column and the target column")
+    return table[:, :-1], table[:, -1]
 
 
 def load_uci_evans(name: str, split: int = 0, data_dir: PathLike | None = None) -> UCISplit:

@@ -30,7 +30,8 @@ __all__ = [
     "EllaTasks", "ella_linear_tasks",
     "ROBOT_ARM_TARGET", "ROBOT_ARM_JOINT_AXES", "arm_joint_positions", "arm_forward_kinematics",
     "robot_arm_link_lengths", "robot_arm_tasks",
-    "vips_function", "vips_d1", "vips_d2", "vips_d3", "vips_speed_accuracy", "SpeedAccuracyData",
+    "vips_function", "vips_d1", "vips_d2", "vips_d3", "vips_speed_accuracy",
+    "vips_speed_accuracy_reference", "SpeedAccuracyData",
     "VIPS_NOISE_STD", "VIPS_SPEED_NOISE_STD",
     "KALMAN_SERIES_LENGTH", "KALMAN_SEGMENT_MEANS", "KALMAN_CHANGE_POINTS",
     "KALMAN_NOISE_VARIANCE", "PiecewiseSeries", "kalman_piecewise_series",
@@ -465,6 +466,23 @@ def vips_speed_accuracy(seed: int | np.random.Generator = 0) -> SpeedAccuracyDat
     x, y = _vips_observe(x, VIPS_SPEED_NOISE_STD, rng)
     x_test = np.linspace(0.0, 10.0, 500)
     return SpeedAccuracyData(x, y, x_test.reshape(-1, 1), vips_function(x_test))
+
+
+def vips_speed_accuracy_reference() -> SpeedAccuracyData:
+    """The same set as drawn by the authors' script (guiomarpescador/vips
+    ``experiments/toy/run_toy.py``): NumPy's legacy generator seeded with 42, ``x = 12 *
+    rand(1000, 1)``, then ``y = f(x) + randn(1000, 1)`` (in that order, so the draw is theirs
+    value for value), rows sorted by ``x``; the same noiseless test grid.
+
+    Returns:
+        :class:`SpeedAccuracyData` ``(x (1000, 1), y (1000,), x_test (500, 1), f_test (500,))``.
+    """
+    rs = np.random.RandomState(42)
+    x = rs.rand(1000, 1) * 12.0
+    y = vips_function(x[:, 0]) + VIPS_SPEED_NOISE_STD * rs.randn(1000)
+    order = np.argsort(x[:, 0], kind="stable")
+    x_test = np.linspace(0.0, 10.0, 500)
+    return SpeedAccuracyData(x[order], y[order], x_test.reshape(-1, 1), vips_function(x_test))
 
 
 # ===========================================================================================

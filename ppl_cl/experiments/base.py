@@ -136,25 +136,38 @@ class Claim:
     """A statement of a paper that a run's summary can check, e.g. Table 1's order of rows:
     ``Claim("VAR-GP > Block Diag. > Global > MLE Hypers", ("final_avg_accuracy", ...))``
     holds when the keys' values are strictly decreasing (``increasing=True``: increasing).
+    ``at_most`` adds conditions ``(a, b, tolerance)``: ``summary[a] <= summary[b] + tolerance``
+    (e.g. one method's RMSE within a stated tolerance of another's), all of which must hold too.
     ``ppl-cl reproduce`` and ``ppl-cl report`` say for each claim whether it holds."""
 
     text: str
     keys: tuple[str, ...]
     increasing: bool = False
+    at_most: tuple[tuple[str, str, float], ...] = ()
+
+    @property
+    def all_keys(self) -> tuple[str, ...]:
+        """``keys`` and then the keys of ``at_most`` not among them, in order."""
+        out = list(self.keys)
+        for a, b, _ in self.at_most:
+            out += [k for k in (a, b) if k not in out]
+        return tuple(out)
 
     def check(self, summary: dict[str, Any]) -> bool | None:
         """True / False, or None when a key is missing from the summary."""
-        values = []
-        for k in self.keys:
+        values = {}
+        for k in self.all_keys:
             v = summary.get(k)
             if isinstance(v, dict) and "mean" in v:
                 v = v["mean"]
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 return None
-            values.append(float(v))
-        pairs = zip(values, values[1:])
-        return all(b > a for a, b in pairs) if self.increasing else \
+            values[k] = float(v)
+        ordered = [values[k] for k in self.keys]
+        pairs = zip(ordered, ordered[1:])
+        order_ok = all(b > a for a, b in pairs) if self.increasing else \
             all(a > b for a, b in pairs)
+        return order_ok and all(values[a] <= values[b] + tol for a, b, tol in self.at_most)
 
 
 @dataclass

@@ -130,7 +130,7 @@ class _Sections:
                                  f"{ref.format() if ref else '—'} | {src} |")
         for claim in (spec.claims if spec is not None else ()):
             ok = claim.check(summary)
-            values = ", ".join(_fmt(summary.get(k, "—")) for k in claim.keys)
+            values = ", ".join(_fmt(summary.get(k, "—")) for k in claim.all_keys)
             verdict = {True: "holds", False: "does not hold", None: "not measured"}[ok]
             self.claims.append(f"- {label}: {claim.text} — {verdict} here ({values}).")
         for key in [k for k in summary if k not in keys]:

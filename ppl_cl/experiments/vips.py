@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ppl_cl.configs.vips import OnlineSGPRConfig
-from ppl_cl.experiments.base import PaperNumber, RunContext, register
+from ppl_cl.experiments.base import Claim, PaperNumber, RunContext, register
 
 TABLE1 = "Pescador-Barrios et al. 2024, Table 1"
 # final M and RMSE (std over 5 splits) of Table 1
@@ -47,6 +47,29 @@ PAPER_TABLE1 = {
 UCI_SETS = ("concrete", "skillcraft", "kin8nm", "elevators", "bike", "naval")
 METHODS = ("exact", "cv", "oips", "vips")
 
+#: "comparable accuracy" in the claims below: an RMSE no more than this above the other
+#: method's (z-scored units; the largest standard deviation over splits in Table 1 is .03)
+RMSE_TOLERANCE = 0.03
+
+
+def table1_claims(prefix: str = "", label: str = "") -> tuple[Claim, ...]:
+    """What Sect. 5.3 and App. F.3 say of Table 1, for one dataset's summary keys: Conditional
+    Variance "typically selects a higher number of inducing points" while VIPS keeps
+    "comparable accuracy" (fewer points than CV with an RMSE within :data:`RMSE_TOLERANCE` of
+    CV's); OIPS "tends to select the fewest, sometimes compromising accuracy" (VIPS' RMSE no
+    more than the tolerance above OIPS', whatever OIPS' M: the paper's OIPS keeps fewer points
+    than VIPS on four of the five sets, so "VIPS keeps fewer points than OIPS" is not its
+    claim)."""
+    tol = RMSE_TOLERANCE
+    where = f"{label}: " if label else ""
+    return (
+        Claim(f"{where}VIPS keeps fewer inducing points than Conditional Variance with an RMSE "
+              f"within {tol} of CV's", (f"{prefix}m_cv", f"{prefix}m_vips"),
+              at_most=((f"{prefix}rmse_vips", f"{prefix}rmse_cv", tol),)),
+        Claim(f"{where}VIPS is as accurate as OIPS (RMSE within {tol} of OIPS' or better)",
+              (), at_most=((f"{prefix}rmse_vips", f"{prefix}rmse_oips", tol),)),
+    )
+
 
 def _paper(keys_prefix: str, dataset: str) -> dict:
     out = {}
@@ -57,39 +80,71 @@ def _paper(keys_prefix: str, dataset: str) -> dict:
     return out
 
 
+#: programs smaller than this are not written to the persistent cache: a stream compiles many
+#: small one-off programs (a few KiB each) that recompile in milliseconds, while the programs
+#: worth keeping (the bound's value and gradient, the selection loop, the summary) are larger
+CACHE_MIN_ENTRY_BYTES = 16 * 1024
+#: nor are programs that compiled faster than this
+CACHE_MIN_COMPILE_SECONDS = 0.1
+#: the cache's size cap (least recently used entries are evicted beyond it)
+CACHE_MAX_BYTES = 1 << 30
+
+
 def enable_compilation_cache() -> None:
     """Persist JAX compilations under ``$PPL_CL_JAX_CACHE`` (default ``~/.cache/ppl_cl/jax``):
-    the streaming experiments compile once per buffer size, and a second run reuses them."""
+    the streaming experiments compile once per buffer size, and a second run reuses them.
+    Only programs of at least :data:`CACHE_MIN_ENTRY_BYTES` that took at least
+    :data:`CACHE_MIN_COMPILE_SECONDS` to compile are kept, in at most
+    :data:`CACHE_MAX_BYTES`."""
     import jax
 
     path = os.environ.get("PPL_CL_JAX_CACHE", os.path.expanduser("~/.cache/ppl_cl/jax"))
     os.makedirs(path, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_SECONDS)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", CACHE_MIN_ENTRY_BYTES)
+    jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
 
 
 # ---------------------------------------------------------------------------------------------
 # UCI protocol
 # ---------------------------------------------------------------------------------------------
-def load_uci_full(name: str, data_dir: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The whole UCI set (train + test rows of split 0), raw units.
+#: sets whose files in the reference repository carry pandas' row index as their first column,
+#: which the reference's loader reads as the first input (``experiments/uci/data/{bike,
+#: elevators}.csv``, ``utils_data.py``)
+INDEX_COLUMN_SETS = ("bike", "elevators")
+SORTS = ("stable", "numpy", "none")
 
-    naval: the Gal copy's 16 features without the constant columns 8 and 11 and the first
-    target (column 16), as the authors' ``utils_data.py`` (14 features)."""
-    from ppl_cl.data.loaders import load_uci_evans, load_uci_gal
+
+def load_uci_full(name: str, data_dir: str | None = None, *, index_feature: bool | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Every row of a UCI set in file order (the order the reference reads), raw units.
+
+    concrete / kin8nm / naval: the Gal & Ghahramani copy's ``data.txt``; skillcraft / bike /
+    elevators: ``treforevans/uci_datasets``' ``data.csv.gz`` (the reference's bike and elevators
+    files hold the same rows in the same order, at full precision where these keep five
+    significant digits). naval: the 16 features without the constant columns 8 and 11 and the
+    first target (column 16), as the reference's ``utils_data.py`` (14 features).
+
+    Args:
+        index_feature: prepend the 0-based row index as the first input column. ``None``
+            (default): for :data:`INDEX_COLUMN_SETS` only, as the reference's bike and
+            elevators files, whose first column is pandas' index and becomes their first
+            input, so that "sorted by the first input" is file order there.
+    """
+    from ppl_cl.data.loaders import load_uci_evans_table, load_uci_gal_table
 
     if name in ("elevators", "skillcraft", "bike"):
-        s = load_uci_evans(name, split=0, data_dir=data_dir)
+        x, y = load_uci_evans_table(name, data_dir=data_dir)
     elif name in ("concrete", "kin8nm", "naval"):
-        s = load_uci_gal("naval-propulsion-plant" if name == "naval" else name, split=0,
-                         data_dir=data_dir)
+        x, y = load_uci_gal_table("naval-propulsion-plant" if name == "naval" else name,
+                                  data_dir=data_dir)
     else:
         raise ValueError(f"dataset: expected one of {', '.join(UCI_SETS)}, received {name!r}")
-    x = np.concatenate([s.x_train, s.x_test])
-    y = np.concatenate([s.y_train, s.y_test])
     if name == "naval":
         x = np.delete(x, [8, 11], axis=1)
+    if name in INDEX_COLUMN_SETS if index_feature is None else index_feature:
+        x = np.concatenate([np.arange(x.shape[0], dtype=np.float64)[:, None], x], axis=1)
     return x, y
 
 
@@ -98,39 +153,89 @@ def zscore(a: np.ndarray) -> np.ndarray:
     return (a - a.mean(0)) / (a.std(0) + 1e-6)
 
 
-def uci_stream(x: np.ndarray, y: np.ndarray, n_batches: int, n_folds: int, seed: int = 0):
-    """Per fold, the train and test parts of each sorted batch (``divide_batches_kfolds``).
+def stream_order(x: np.ndarray, sort: str = "stable") -> np.ndarray:
+    """The row order of the stream: rows sorted by the first input.
 
-    Rows are sorted by ``x[:, 0]`` and cut by :func:`ppl_cl.data.streams.sorted_batches`; each
-    batch is shuffled by one ``RandomState(seed)`` drawn in batch order; ``n_folds >= 2``:
-    contiguous KFold parts of the shuffled batch (fold k tests on part k); ``n_folds == 1``:
-    the first 80 % trains, the rest tests (the kin8nm config).
+    ``"stable"`` (default): ties in the first input keep their file order (a stable sort, the
+    same on every machine). ``"numpy"``: NumPy's default ``argsort`` (introsort, the
+    reference's call), whose order of tied rows depends on the NumPy build and the CPU
+    (concrete's first input has 278 distinct values in 1030 rows, and the reference's order
+    there is in ``tests/ppl_cl/experiments/data/concrete_reference_order.txt``). ``"none"``:
+    file order.
+    """
+    if sort == "stable":
+        return np.argsort(x[:, 0], kind="stable")
+    if sort == "numpy":
+        return np.argsort(x[:, 0])
+    if sort == "none":
+        return np.arange(x.shape[0])
+    raise ValueError(f"sort: expected one of {', '.join(SORTS)}, received {sort!r}")
+
+
+def cut_batches(order: np.ndarray, n_batches: int) -> list[np.ndarray]:
+    """The rows of ``n_batches`` consecutive batches of ``order``: ``N // n_batches`` rows each,
+    the last also taking the remainder (the reference's ``divide_batches*`` and the synthetic
+    scripts' ``div_data``)."""
+    N = order.shape[0]
+    B = int(n_batches)
+    if not 1 <= B <= N:
+        raise ValueError(f"n_batches: expected 1..{N}, received {n_batches!r}")
+    size = N // B
+    return [order[b * size:(b + 1) * size] if b < B - 1 else order[(B - 1) * size:]
+            for b in range(B)]
+
+
+def uci_stream(x: np.ndarray, y: np.ndarray, n_batches: int, n_folds: int, seed: int = 0,
+               order: np.ndarray | str = "stable"):
+    """Per fold, the train and test parts of each batch, as the reference's ``load_data``
+    (``divide_batches_kfolds``; ``divide_batches`` when ``n_folds == 1``).
+
+    Rows are taken in ``order`` (a permutation of the rows, or a :func:`stream_order` name)
+    and cut into ``n_batches`` consecutive batches of ``N // n_batches`` rows, the last taking
+    the remainder as well. Each batch is shuffled by one ``RandomState(seed)`` drawn in batch
+    order (the reference's ``np.random.seed(0)``); ``n_folds >= 2``: the contiguous KFold parts
+    of the shuffled batch (``KFold(shuffle=False)``; fold k tests on part k and trains on the
+    rest); ``n_folds == 1``: the first ``int((N // n_batches) * 0.8)`` rows of every shuffled
+    batch train and the rest test (the last batch's extra rows all go to its test part).
 
     Returns:
         ``folds[k] = (train_batches, test_batches)``, lists of ``(x, y)``.
     """
-    from ppl_cl.data.streams import sorted_batches
-
+    x, y = np.asarray(x), np.asarray(y)
+    N = x.shape[0]
+    order = stream_order(x, order) if isinstance(order, str) else np.asarray(order)
+    if order.shape != (N,) or not np.array_equal(np.sort(order), np.arange(N)):
+        raise ValueError(f"order: expected a permutation of the {N} rows")
+    batches = cut_batches(order, n_batches)
+    size = N // len(batches)
     rng = np.random.RandomState(seed)
-    batches = sorted_batches(x, y, column=0, n_batches=n_batches)
     K = max(n_folds, 1)
     folds = [([], []) for _ in range(K)]
-    for b in batches:
-        bx, by = np.asarray(b.x), np.asarray(b.y)
-        perm = rng.permutation(bx.shape[0])
-        bx, by = bx[perm], by[perm]
+    for rows in batches:
+        rows = rows[rng.permutation(rows.shape[0])]
+        bx, by = x[rows], y[rows]
         if n_folds >= 2:
-            parts = np.array_split(np.arange(bx.shape[0]), n_folds)
+            parts = np.array_split(np.arange(bx.shape[0]), n_folds)   # sklearn KFold's sizes
             for k in range(n_folds):
                 test = parts[k]
                 train = np.setdiff1d(np.arange(bx.shape[0]), test)
                 folds[k][0].append((bx[train], by[train]))
                 folds[k][1].append((bx[test], by[test]))
         else:
-            n_tr = int(bx.shape[0] * 0.8)
+            n_tr = int(size * 0.8)
             folds[0][0].append((bx[:n_tr], by[:n_tr]))
             folds[0][1].append((bx[n_tr:], by[n_tr:]))
     return folds
+
+
+def load_order(path: str, n: int) -> np.ndarray:
+    """A stream order saved as text (one 0-based row index per line, the first batch's rows
+    first), checked to be a permutation of ``n`` rows."""
+    order = np.loadtxt(path, dtype=np.int64, ndmin=1)
+    if order.shape != (n,) or not np.array_equal(np.sort(order), np.arange(n)):
+        raise ValueError(f"{path}: expected a permutation of the {n} rows (one 0-based index "
+                         f"per line), found {order.shape[0]} entries")
+    return order
 
 
 def _eval(pred, y) -> tuple[float, float]:
@@ -139,16 +244,34 @@ def _eval(pred, y) -> tuple[float, float]:
     return rmse(y, pred.mean), nlpd_predictive(pred, y)
 
 
-def run_stream(learner_config: OnlineSGPRConfig, train, test, progress=None) -> dict:
+_CURVES = ("m", "rmse", "nlpd", "seconds", "select_seconds", "fit_seconds", "l_max",
+           "threshold", "bound")
+
+
+def run_stream(learner_config: OnlineSGPRConfig, train, test, progress=None,
+               ctx: RunContext | None = None, snapshot_key: str | None = None) -> dict:
     """Feed ``train`` batches to an :class:`OnlineSGPR`; after batch i score the test points of
-    batches 1..i. Returns per-batch lists ``m``, ``rmse``, ``nlpd``, ``seconds`` (update time)."""
+    batches 1..i. Returns per-batch lists ``m``, ``rmse``, ``nlpd``, ``seconds`` (update time)...
+
+    With ``ctx`` and ``snapshot_key`` the learner's state and the curves so far are saved under
+    ``<snapshot_key>_partial`` every ``ctx.checkpoint_every_s`` seconds (after a batch), and a
+    resumed run continues from the last snapshot; the learner resumes exactly, so the curves
+    equal those of an uninterrupted run (the ``seconds`` aside)."""
     from ppl_cl import Batch
     from ppl_cl.learners.vips import OnlineSGPR
 
     gp = OnlineSGPR(learner_config)
-    out = {k: [] for k in ("m", "rmse", "nlpd", "seconds", "select_seconds", "fit_seconds",
-                           "l_max", "threshold", "bound")}
-    it = range(len(train)) if progress is None else progress(range(len(train)))
+    out: dict = {k: [] for k in _CURVES}
+    start = 0
+    key = None if ctx is None or snapshot_key is None else f"{snapshot_key}_partial"
+    if key is not None:
+        snap = ctx.load_checkpoint(key)
+        if snap is not None:
+            gp.load_state_dict(snap["learner"])
+            out = {k: list(np.ravel(snap["curves"][k])) for k in _CURVES}
+            start = len(out["m"])
+    last = time.perf_counter()
+    it = range(start, len(train)) if progress is None else progress(range(start, len(train)))
     for i in it:
         t = time.perf_counter()
         rec = gp.update(Batch(*train[i]))
@@ -160,34 +283,50 @@ def run_stream(learner_config: OnlineSGPRConfig, train, test, progress=None) -> 
         out["nlpd"].append(n)
         for k in ("m", "select_seconds", "fit_seconds", "l_max", "threshold", "bound"):
             out[k].append(rec[k])
+        if key is not None and i + 1 < len(train) and \
+                time.perf_counter() - last >= ctx.checkpoint_every_s:
+            ctx.save_checkpoint(key, {"learner": gp.state_dict(),
+                                      "curves": {k: np.asarray(v, float) for k, v in out.items()}})
+            last = time.perf_counter()
     out["learner"] = gp
     return out
 
 
+#: SciPy's L-BFGS-B defaults, which GPflow's ``Scipy`` optimizer leaves in place
+_GPFLOW_SCIPY = dict(max_iterations=15000, tolerance=2.220446049250313e-09,
+                     gradient_tolerance=1e-5)
+
+
 def run_exact(learner_config: OnlineSGPRConfig, train, test, max_train: int, seed: int) -> dict:
-    """Exact GP on batches 1, 1..B/2 and 1..B (``Full_GP`` of ``utils_uci.py``), warm-started,
-    isotropic SE from the learner's initial hyperparameters; ``max_train > 0`` fits on a
-    random subset of at most that many training points (exact GPs are cubic)."""
+    """Exact GP on batches 1, 1..B/2 and 1..B (``Full_GP`` of ``utils_uci.py``), isotropic SE
+    from the learner's initial hyperparameters: each fit starts from the previous fit's kernel
+    and from the initial noise variance (the reference builds every ``GPR`` with
+    ``noise_variance=0.1`` on the kernel object of the previous fit), in the learner config's
+    parametrization (``"gpflow"``: GPflow's ``GPR``, softplus on the kernel hyperparameters,
+    softplus + 1e-6 on the noise) with SciPy's default L-BFGS-B settings, as GPflow's ``Scipy``;
+    ``max_train > 0`` fits on a random subset of at most that many training points (exact GPs
+    are cubic)."""
     from ppl_cl import Batch
     from ppl_cl.learners.exact_gp import ExactGP
 
     B = len(train)
     marks = sorted({1, max(B // 2, 1), B})
     rng = np.random.default_rng(seed)
-    hp = dict(variance=learner_config.variance, lengthscale=learner_config.lengthscale,
-              noise_variance=learner_config.noise_variance)
-    out = {"batch": [], "rmse": [], "nlpd": [], "n_train": []}
+    hp = dict(variance=learner_config.variance, lengthscale=learner_config.lengthscale)
+    fit = dict(noise_variance=learner_config.noise_variance, reset_noise=True,
+               parametrization=learner_config.parametrization,
+               min_noise_variance=learner_config.min_noise_variance, **_GPFLOW_SCIPY)
+    out = {"batch": [], "rmse": [], "nlpd": [], "n_train": [], "log_marginal_likelihood": []}
     for i in marks:
         x = np.concatenate([b[0] for b in train[:i]])
         y = np.concatenate([b[1] for b in train[:i]])
         if max_train and x.shape[0] > max_train:
             idx = rng.choice(x.shape[0], max_train, replace=False)
             x, y = x[idx], y[idx]
-        gp = ExactGP(kernel="se", **hp)
-        gp.update(Batch(x, y))
+        gp = ExactGP(kernel="se", **hp, **fit)
+        rec = gp.update(Batch(x, y))
         h = gp.hyperparameters()
-        hp = dict(variance=float(h["variance"]), lengthscale=float(np.ravel(h["lengthscale"])[0]),
-                  noise_variance=float(h["noise_variance"]))
+        hp = dict(variance=float(h["variance"]), lengthscale=float(np.ravel(h["lengthscale"])[0]))
         xt = np.concatenate([b[0] for b in test[:i]])
         yt = np.concatenate([b[1] for b in test[:i]])
         r, n = _eval(gp.predict(xt), yt)
@@ -195,6 +334,7 @@ def run_exact(learner_config: OnlineSGPRConfig, train, test, max_train: int, see
         out["rmse"].append(r)
         out["nlpd"].append(n)
         out["n_train"].append(int(x.shape[0]))
+        out["log_marginal_likelihood"].append(float(rec["log_marginal_likelihood"]))
     return out
 
 
@@ -211,6 +351,14 @@ class VIPSUCIConfig:
     every batch; ``exact_max_train`` 0 fits the exact GP on all training points. The learner
     config is shared by the three selection rules (only its ``policy`` changes); the UCI
     configs use ``oips_rho = 0.96``.
+
+    Stream order (:func:`uci_stream`): ``sort`` names how rows tied in the first input are
+    ordered (``"stable"``: file order, the default; ``"numpy"``: this NumPy build's default
+    ``argsort``, the reference's call; ``"none"``: no sort); ``order_file`` (a text file of
+    0-based row indices, e.g. ``tests/ppl_cl/experiments/data/concrete_reference_order.txt``,
+    the reference's concrete order) replaces it. ``index_feature``: ``"auto"`` prepends the row
+    index as the first input for bike and elevators, as the reference's files
+    (:func:`load_uci_full`); ``"yes"`` / ``"no"`` for every set.
     """
 
     dataset: str = "concrete"
@@ -220,7 +368,23 @@ class VIPSUCIConfig:
     max_batches: int = 0
     methods: tuple[str, ...] = METHODS
     exact_max_train: int = 0
+    sort: str = "stable"
+    order_file: str = ""
+    index_feature: str = "auto"
     learner: OnlineSGPRConfig = field(default_factory=lambda: OnlineSGPRConfig(oips_rho=0.96))
+
+
+def uci_data(config, data_dir: str | None):
+    """z-scored ``(x, y)`` of ``config.dataset`` and the stream order its config names."""
+    if config.index_feature not in ("auto", "yes", "no"):
+        raise ValueError(f"index_feature: expected 'auto', 'yes' or 'no', received "
+                         f"{config.index_feature!r}")
+    flag = {"auto": None, "yes": True, "no": False}[config.index_feature]
+    x, y = load_uci_full(config.dataset, data_dir, index_feature=flag)
+    x, y = zscore(x), zscore(y.reshape(-1, 1))[:, 0]
+    order = load_order(config.order_file, x.shape[0]) if config.order_file else \
+        stream_order(x, config.sort)
+    return x, y, order
 
 
 def run_uci(config: VIPSUCIConfig, ctx: RunContext, prefix: str = "") -> tuple[dict, dict]:
@@ -230,11 +394,10 @@ def run_uci(config: VIPSUCIConfig, ctx: RunContext, prefix: str = "") -> tuple[d
     bad = set(config.methods) - set(METHODS)
     if bad:
         raise ValueError(f"methods: unknown {sorted(bad)}; expected some of {METHODS}")
-    x, y = load_uci_full(config.dataset, ctx.data_dir)
-    x, y = zscore(x), zscore(y.reshape(-1, 1))[:, 0]
+    x, y, order = uci_data(config, ctx.data_dir)
     B = config.n_batches or DEFAULT_BATCHES.get(config.dataset, 20)
     K = config.n_folds or DEFAULT_FOLDS.get(config.dataset, 5)
-    folds = uci_stream(x, y, B, K, seed=ctx.seed)
+    folds = uci_stream(x, y, B, K, seed=ctx.seed, order=order)
     n_run = min(config.run_folds or len(folds), len(folds))
     curves: dict = {m: [] for m in config.methods}
     with jax.default_device(ctx.jax_device()):
@@ -254,8 +417,9 @@ def run_uci(config: VIPSUCIConfig, ctx: RunContext, prefix: str = "") -> tuple[d
                                     ctx.seed + k)
                 else:
                     lc = dataclasses.replace(config.learner, policy=method)
-                    res = run_stream(lc, train, test, progress=lambda it, k=k, m=method: (
-                        ctx.progress(it, desc=f"{config.dataset} fold {k} {m}: batches")))
+                    res = run_stream(lc, train, test, ctx=ctx, snapshot_key=key,
+                                     progress=lambda it, k=k, m=method: ctx.progress(
+                                         it, desc=f"{config.dataset} fold {k} {m}: batches"))
                     res.pop("learner")
                 res["wall_s"] = time.perf_counter() - t
                 curves[method].append(res)
@@ -312,7 +476,9 @@ def uci_figure(curves: dict, title: str):
 
 @register("vips-uci", VIPSUCIConfig,
           quick={"run_folds": 1, "max_batches": 5, "exact_max_train": 500},
-          paper=_paper("", "concrete"),
+          paper=_paper("", "concrete"), claims=table1_claims(),
+          headline_keys=tuple(f"{q}_{m}" for m in METHODS for q in ("m", "rmse", "nlpd")
+                              if not (q == "m" and m == "exact")),
           description="VIPS vs Conditional Variance, OIPS and exact GP on one UCI set (Table 1)")
 def run_vips_uci(config: VIPSUCIConfig, ctx: RunContext) -> dict:
     """Final-batch M / RMSE / NLPD of each method on one UCI set; paper numbers: concrete."""
@@ -327,13 +493,16 @@ def run_vips_uci(config: VIPSUCIConfig, ctx: RunContext) -> dict:
 @dataclass
 class VIPSTable1Config:
     """``vips-uci`` for each of ``datasets``; ``run_folds[i]`` folds of dataset i (0: all);
-    ``exact_max_train[i]`` caps the exact GP's training set of dataset i (0: all)."""
+    ``exact_max_train[i]`` caps the exact GP's training set of dataset i (0: all); ``sort`` and
+    ``index_feature`` as :class:`VIPSUCIConfig`, for every set."""
 
     datasets: tuple[str, ...] = ("concrete", "skillcraft", "kin8nm", "elevators", "bike")
     run_folds: tuple[int, ...] = (0, 0, 0, 0, 0)
     exact_max_train: tuple[int, ...] = (0, 0, 0, 0, 0)
     methods: tuple[str, ...] = METHODS
     max_batches: int = 0
+    sort: str = "stable"
+    index_feature: str = "auto"
     learner: OnlineSGPRConfig = field(default_factory=lambda: OnlineSGPRConfig(oips_rho=0.96))
 
 
@@ -344,7 +513,10 @@ _T1_PAPER = {k: v for d in PAPER_TABLE1 for k, v in _paper(f"{d}_", d).items()}
           quick={"datasets": ("concrete",), "run_folds": (1,), "exact_max_train": (500,),
                  "max_batches": 3},
           headline=True, paper=_T1_PAPER,
-          description="Table 1: final M / RMSE of exact GP, CV, OIPS, VIPS on five UCI sets")
+          claims=tuple(c for d in PAPER_TABLE1 for c in table1_claims(f"{d}_", d)),
+          headline_keys=tuple(f"{d}_{q}_{m}" for d in PAPER_TABLE1 for m in METHODS
+                              for q in ("m", "rmse", "nlpd") if not (q == "m" and m == "exact")),
+          description="Table 1: final M / RMSE / NLPD of exact GP, CV, OIPS, VIPS on five UCI sets")
 def run_vips_table1(config: VIPSTable1Config, ctx: RunContext) -> dict:
     """Table 1 of the paper, one row group per dataset (summary keys ``<dataset>_m_vips``...)."""
     enable_compilation_cache()
@@ -354,7 +526,8 @@ def run_vips_table1(config: VIPSTable1Config, ctx: RunContext) -> dict:
     all_curves = {}
     for d, nf, cap in zip(config.datasets, config.run_folds, config.exact_max_train):
         c = VIPSUCIConfig(dataset=d, run_folds=nf, max_batches=config.max_batches,
-                          methods=config.methods, exact_max_train=cap, learner=config.learner)
+                          methods=config.methods, exact_max_train=cap, sort=config.sort,
+                          index_feature=config.index_feature, learner=config.learner)
         s, curves = run_uci(c, ctx, prefix="t1_")
         summary.update({f"{d}_{k}": v for k, v in s.items()})
         all_curves[d] = _jsonable(curves)
@@ -461,14 +634,22 @@ class VIPSSpeedAccuracyConfig:
     M (greedy variance, re-selected from [Z_old; X] each batch) against VIPS and the exact GP.
     The settings App. F.2.1 lost in extraction are the authors' script's
     (``experiments/toy/run_toy.py``, ``utils_regression.py``): SE kernel initialised at
-    variance 1.5, lengthscale 0.5, noise 0.5; VIPS delta 0.04 on the first batch, 0.05 after;
-    the exact GP refitted from that start on all batches so far."""
+    variance 1.5, lengthscale 0.5, noise 0.5, no box on the kernel variance (GPflow's softplus);
+    VIPS delta 0.04 on the first batch, 0.05 after; the exact GP refitted from that start on
+    all batches so far.
+
+    ``draw``: ``"reference"`` (default) takes the authors' draw of the data
+    (:func:`ppl_cl.data.synthetic.vips_speed_accuracy_reference`, NumPy's legacy generator
+    seeded 42; ``--seed`` does not change it), ``"seeded"`` a draw of ours from ``--seed``
+    (:func:`ppl_cl.data.synthetic.vips_speed_accuracy`)."""
 
     n_batches: int = 4
     fixed_m: tuple[int, ...] = (10, 20, 30)
+    draw: str = "reference"
     learner: OnlineSGPRConfig = field(
         default_factory=lambda: OnlineSGPRConfig(variance=1.5, lengthscale=0.5,
-                                                 noise_variance=0.5, first_delta=0.04))
+                                                 noise_variance=0.5, first_delta=0.04,
+                                                 variance_bounds=None))
 
 
 _FIG2A = "Pescador-Barrios et al. 2024, Fig. 2a (read off the figure)"
@@ -487,15 +668,20 @@ def run_vips_speed_accuracy(config: VIPSSpeedAccuracyConfig, ctx: RunContext) ->
     import matplotlib.pyplot as plt
 
     from ppl_cl import Batch
-    from ppl_cl.data.streams import sorted_batches
-    from ppl_cl.data.synthetic import vips_speed_accuracy
+    from ppl_cl.data.synthetic import vips_speed_accuracy, vips_speed_accuracy_reference
     from ppl_cl.learners.exact_gp import ExactGP
     from ppl_cl.learners.vips import OnlineSGPR
     from ppl_cl.metrics import rmse
 
     enable_compilation_cache()
-    data = vips_speed_accuracy(seed=ctx.seed)
-    batches = sorted_batches(data.x, data.y, column=0, n_batches=config.n_batches)
+    if config.draw == "reference":
+        data = vips_speed_accuracy_reference()
+    elif config.draw == "seeded":
+        data = vips_speed_accuracy(seed=ctx.seed)
+    else:
+        raise ValueError(f"draw: expected 'reference' or 'seeded', received {config.draw!r}")
+    batches = [Batch(data.x[rows], data.y[rows])
+               for rows in cut_batches(stream_order(data.x), config.n_batches)]
     lc = config.learner
     rows = {"vips": OnlineSGPR(lc)}
     for m in config.fixed_m:
@@ -510,7 +696,8 @@ def run_vips_speed_accuracy(config: VIPSSpeedAccuracyConfig, ctx: RunContext) ->
         # a new exact GP on batches 1..i from the initial hyperparameters (run_exact of the
         # authors' utils_regression.py), not warm-started
         exact = ExactGP(kernel="se", variance=lc.variance, lengthscale=lc.lengthscale,
-                        noise_variance=lc.noise_variance)
+                        noise_variance=lc.noise_variance, parametrization=lc.parametrization,
+                        min_noise_variance=lc.min_noise_variance, **_GPFLOW_SCIPY)
         exact.update(Batch(np.concatenate([c.x for c in batches[: i + 1]]),
                            np.concatenate([c.y for c in batches[: i + 1]])))
         curves["exact"]["rmse"].append(rmse(data.f_test,

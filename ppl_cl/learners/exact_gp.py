@@ -2,7 +2,8 @@
 "individual GP" learner of GP-ELLA.
 
 ``update(batch)`` appends the batch to the data seen so far and refits the hyperparameters by
-type-II maximum likelihood (L-BFGS, warm-started from the current values); ``predict`` gives
+type-II maximum likelihood (L-BFGS-B in log space or in GPflow's parametrization, warm-started
+from the current values, optionally with the noise reset to its start); ``predict`` gives
 the exact Gaussian predictive (Rasmussen & Williams 2006, eqs. 2.25-2.26). The model and its
 closed forms are in :mod:`models.exact_gp`, the optimizer in :mod:`inference.type2ml`.
 """
@@ -117,16 +118,26 @@ class ExactGP(Learner):
         X = x_new if self._X is None else np.concatenate([self._X, x_new])
         y = y_new if self._y is None else np.concatenate([self._y, y_new])
         params = self._params if self._params is not None else self._initial_params(X.shape[1])
+        c = self.config
+        if c.reset_noise:
+            params = params._replace(noise_variance=jnp.asarray(c.noise_variance, jnp.float64))
         record: dict[str, Any] = {"num_data": int(X.shape[0])}
-        if self.config.optimize:
+        if c.optimize:
             Xj, yj = jnp.asarray(X), jnp.asarray(y)
             import jax
 
-            floor = GPRegressionParams(  # no floors on kernel hyperparameters, one on the noise
-                kernel=jax.tree_util.tree_map(lambda _: 0.0, params.kernel),
-                noise_variance=self.config.min_noise_variance)
+            from inference.type2ml import gpflow_parametrization
+
+            if c.parametrization == "gpflow":
+                bounds = dict(transforms=gpflow_parametrization(
+                    params, noise_shift=c.min_noise_variance))
+            else:   # no floors on kernel hyperparameters, one on the noise
+                bounds = dict(lower_bounds=GPRegressionParams(
+                    kernel=jax.tree_util.tree_map(lambda _: 0.0, params.kernel),
+                    noise_variance=c.min_noise_variance))
             result = fit_type2ml(negative_log_marginal_likelihood, params, data=(Xj, yj),
-                                 lower_bounds=floor, max_iterations=self.config.max_iterations)
+                                 max_iterations=c.max_iterations, tolerance=c.tolerance,
+                                 gradient_tolerance=c.gradient_tolerance, **bounds)
             params = result.params
             record.update(log_marginal_likelihood=-result.value,
                           iterations=result.num_iterations, converged=result.converged)

@@ -94,7 +94,8 @@ class OnlineSGPR(Learner):
                                        summary_jitter=config.summary_jitter, fit=config.fit,
                                        variance_bounds=config.variance_bounds,
                                        min_noise_variance=config.min_noise_variance,
-                                       max_iterations=config.max_iterations)
+                                       max_iterations=config.max_iterations,
+                                       parametrization=config.parametrization)
         self._state = None
         self._history: dict[str, list] = {k: [] for k in _RECORD_KEYS}
         self._history["hyperparameters"] = []
@@ -204,7 +205,12 @@ class OnlineSGPR(Learner):
                           "prior_cov": np.asarray(s.prior_cov),
                           "params": [np.asarray(v) for v in jax.tree_util.tree_leaves(s.params)],
                           "stats": [np.asarray(v) for v in s.stats],
-                          "num_batches": int(s.num_batches)},
+                          "num_batches": int(s.num_batches),
+                          # the next batch's factorized old terms (so a resumed run computes
+                          # exactly what an uninterrupted one does)
+                          "terms": None if s.terms is None else
+                          {k: np.asarray(getattr(s.terms, k))
+                           for k in ("a", "w", "A", "const", "mask")}},
                 "history": self._history}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -227,9 +233,18 @@ class OnlineSGPR(Learner):
                              f"do not fit kernel {self.config.kernel!r}")
         params = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(g) for g in got])
         f = lambda a: jnp.asarray(np.asarray(a, np.float64))  # noqa: E731
-        self._state = OnlineSGPRState(f(Z), f(st["q_mean"]), f(st["q_cov"]), f(st["prior_cov"]),
-                                      params, TargetStats(*[f(v) for v in st["stats"]]),
-                                      jnp.asarray(int(st["num_batches"]), jnp.int32))
+        terms = None
+        if st.get("terms") is not None:
+            from models.online_sgpr import OldTerms
+
+            t = st["terms"]
+            terms = OldTerms(f(t["a"]), f(t["w"]), f(t["A"]), f(t["const"]),
+                             jnp.asarray(np.asarray(t["mask"], bool)))
+        self._state = OnlineSGPRState(np.asarray(Z), np.asarray(st["q_mean"], np.float64),
+                                      np.asarray(st["q_cov"], np.float64),
+                                      np.asarray(st["prior_cov"], np.float64),
+                                      params, TargetStats(*[np.float64(v) for v in st["stats"]]),
+                                      np.int32(int(st["num_batches"])), terms)
         self._history = history
 
     def to_inference_data(self, x: Any = None, y: Any = None, *, num_draws: int = 500,
@@ -293,30 +308,36 @@ def _named_leaves(params) -> dict[str, np.ndarray]:
     return out
 
 
+_PREDICT_ROWS = 256
+"""Test points per prediction call: one compiled prediction per inducing-set bucket."""
+
+
 def _padded_state(state):
-    import jax.numpy as jnp
+    from inference.vips import _bucket, _pad_rows
 
-    from inference.vips import _bucket
-
-    M = int(state.inducing_inputs.shape[0])
+    M = int(np.shape(state.inducing_inputs)[0])
     n = _bucket(M)
-    Zp = jnp.zeros((n, state.inducing_inputs.shape[1])).at[:M].set(state.inducing_inputs)
-    mp = jnp.zeros(n).at[:M].set(state.q_mean)
-    Sp = jnp.zeros((n, n)).at[:M, :M].set(state.q_cov)
-    return Zp, mp, Sp, jnp.arange(n) < M
+    Sp = np.zeros((n, n))
+    Sp[:M, :M] = np.asarray(state.q_cov)
+    return (_pad_rows(state.inducing_inputs, n), _pad_rows(state.q_mean, n), Sp,
+            np.arange(n) < M)
 
 
 def _predict_diag(state, xs: np.ndarray, jitter: float) -> tuple[np.ndarray, np.ndarray]:
     import jax.numpy as jnp
 
-    from inference.vips import _bucket
+    from inference.vips import _pad_rows
 
-    Zp, mp, Sp, zm = _padded_state(state)
+    Zp, mp, Sp, zm = (jnp.asarray(a) for a in _padded_state(state))
     n = xs.shape[0]
-    nb = _bucket(n)
-    Xs = jnp.zeros((nb, xs.shape[1])).at[:n].set(jnp.asarray(xs))
-    mean, var = _predict_jit(state.params, Zp, mp, Sp, Xs, jnp.asarray(jitter), zm)
-    return np.asarray(mean)[:n], np.asarray(var)[:n]
+    means, variances = [], []
+    for lo in range(0, n, _PREDICT_ROWS):
+        chunk = xs[lo:lo + _PREDICT_ROWS]
+        Xs = jnp.asarray(_pad_rows(chunk, _PREDICT_ROWS))
+        mean, var = _predict_jit(state.params, Zp, mp, Sp, Xs, jnp.asarray(jitter), zm)
+        means.append(np.asarray(mean)[: chunk.shape[0]])
+        variances.append(np.asarray(var)[: chunk.shape[0]])
+    return np.concatenate(means), np.concatenate(variances)
 
 
 def _predict_full(state, xs: np.ndarray, jitter: float) -> tuple[np.ndarray, np.ndarray]:
@@ -326,13 +347,13 @@ def _predict_full(state, xs: np.ndarray, jitter: float) -> tuple[np.ndarray, np.
     from models.linalg_jax import jitter_cholesky, symmetrize
 
     kern = state.params.kernel
-    Z = state.inducing_inputs
+    Z = jnp.asarray(state.inducing_inputs)
     X = jnp.asarray(xs)
     L = jitter_cholesky(kern(Z) + jitter * jnp.eye(Z.shape[0]), name="K_bb")
     B = solve_triangular(L, kern(Z, X), lower=True)
     W = solve_triangular(L.T, B, lower=False)
-    mean = W.T @ state.q_mean
-    cov = symmetrize(kern(X) - B.T @ B + W.T @ state.q_cov @ W)
+    mean = W.T @ jnp.asarray(state.q_mean)
+    cov = symmetrize(kern(X) - B.T @ B + W.T @ jnp.asarray(state.q_cov) @ W)
     return np.asarray(mean), np.asarray(cov)
 
 

@@ -69,3 +69,44 @@ def test_lower_bound_is_respected():
 def test_non_finite_start_raises():
     with pytest.raises(NonFiniteObjectiveError, match="initial hyperparameters"):
         fit_type2ml(lambda p: jnp.log(-p["a"]), {"a": jnp.asarray(1.0)})
+
+
+# -- parametrizations ------------------------------------------------------------------------
+def test_bijectors_are_gpflows_transforms():
+    """Softplus (+ shift) and the sigmoid box are GPflow's / TensorFlow Probability's maps
+    (``positive(lower)``, ``Sigmoid(low, high)``); inverse and derivative are consistent."""
+    from inference.type2ml import Exp, SigmoidBox, Softplus, gpflow_parametrization
+
+    raw = np.array([-40.0, -3.0, -0.2, 0.0, 0.7, 5.0, 40.0])
+    sp = Softplus(1e-6)
+    np.testing.assert_allclose(sp.forward(raw), np.log1p(np.exp(raw)) + 1e-6, rtol=1e-12)
+    box = SigmoidBox(1e-6, 2e3)
+    np.testing.assert_allclose(box.forward(raw), 1e-6 + (2e3 - 1e-6) / (1 + np.exp(-raw)),
+                               rtol=1e-12)
+    assert np.all(box.forward(raw) >= 1e-6) and np.all(box.forward(raw) <= 2e3)
+    for t, x in ((sp, raw[1:-1]), (box, raw[1:-1]), (Exp(), raw[1:-1])):
+        np.testing.assert_allclose(t.inverse(t.forward(x)), x, rtol=1e-9, atol=1e-9)
+        h = 1e-6
+        fd = (t.forward(x + h) - t.forward(x - h)) / (2 * h)
+        np.testing.assert_allclose(t.derivative(x), fd, rtol=1e-6)
+    tr = gpflow_parametrization(_params(1.0, [1.0], 0.1), variance_bounds=(1e-6, 2e3))
+    assert tr.kernel.variance == SigmoidBox(1e-6, 2e3)
+    assert tr.kernel.lengthscale == Softplus() and tr.noise_variance == Softplus(1e-6)
+    assert gpflow_parametrization(_params(1.0, [1.0], 0.1)).kernel.variance == Softplus()
+
+
+def test_both_parametrizations_reach_the_one_optimum_of_a_unimodal_likelihood():
+    from inference.type2ml import gpflow_parametrization
+
+    data = (jnp.asarray(X), jnp.asarray(y))
+    p0 = _params(1.0, np.array([1.0, 1.0]), 0.1)
+    from models.exact_gp import negative_log_marginal_likelihood as nlml
+
+    a = fit_type2ml(nlml, p0, data=data)
+    b = fit_type2ml(nlml, p0, data=data, transforms=gpflow_parametrization(p0))
+    np.testing.assert_allclose(a.value, b.value, rtol=1e-7)
+    np.testing.assert_allclose(np.asarray(a.params.kernel.lengthscale),
+                               np.asarray(b.params.kernel.lengthscale), rtol=1e-3)
+    with pytest.raises(ValueError, match="transforms"):
+        fit_type2ml(nlml, p0, data=data, transforms=gpflow_parametrization(p0),
+                    lower_bounds=p0)

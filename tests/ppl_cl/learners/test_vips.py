@@ -180,27 +180,42 @@ def test_config_validation_and_overrides():
 
 
 def test_uci_stream_follows_the_reference_protocol():
-    from ppl_cl.experiments.vips import uci_stream
+    """``divide_batches_kfolds`` / ``divide_batches`` of the reference: N // B rows per batch,
+    the remainder to the last; each batch shuffled by one RandomState(0) in batch order; KFold
+    parts (fold k tests on part k); kin8nm's rule: int((N // B) * 0.8) rows train in every
+    batch, the last batch's extra rows go to its test part."""
+    from sklearn.model_selection import KFold
+
+    from ppl_cl.experiments.vips import cut_batches, stream_order, uci_stream
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((103, 3))
+    x[:, 0] = np.round(x[:, 0], 1)          # ties in the first input
     y = rng.standard_normal(103)
+    order = stream_order(x)                  # stable: ties in file order
+    assert np.all(np.diff(x[order, 0]) >= 0)
+    ties = [order[x[order, 0] == v] for v in np.unique(x[:, 0])]
+    assert all(np.all(np.diff(t) > 0) for t in ties)
+    rows = cut_batches(order, 4)
+    assert [len(r) for r in rows] == [25, 25, 25, 28]
     folds = uci_stream(x, y, n_batches=4, n_folds=5)
-    assert len(folds) == 5
-    for b in range(4):
-        tests = [folds[k][1][b][0] for k in range(5)]
-        allb = np.concatenate(tests)
-        # the five test parts partition the batch; each fold trains on the other four
-        assert len({tuple(r) for r in allb}) == allb.shape[0]
-        for k in range(5):
-            tr = folds[k][0][b][0]
-            assert tr.shape[0] + tests[k].shape[0] == allb.shape[0]
-    # batches are consecutive in the first column
-    hi0 = np.concatenate([folds[0][0][0][0], folds[0][1][0][0]])[:, 0].max()
-    lo1 = np.concatenate([folds[0][0][1][0], folds[0][1][1][0]])[:, 0].min()
-    assert hi0 <= lo1
+    rs = np.random.RandomState(0)
+    for b, r in enumerate(rows):
+        shuffled = r[rs.permutation(len(r))]
+        for k, (tr, te) in enumerate(KFold(5).split(shuffled)):
+            np.testing.assert_array_equal(folds[k][0][b][0], x[shuffled[tr]])
+            np.testing.assert_array_equal(folds[k][1][b][1], y[shuffled[te]])
     hold = uci_stream(x, y, n_batches=4, n_folds=1)
-    assert len(hold) == 1 and hold[0][0][0][0].shape[0] == int(26 * 0.8)
+    assert len(hold) == 1
+    assert [t[0].shape[0] for t in hold[0][0]] == [20, 20, 20, 20]
+    assert [t[0].shape[0] for t in hold[0][1]] == [5, 5, 5, 8]
+    # an explicit order (e.g. the reference's concrete order) replaces the sort
+    perm = rng.permutation(103)
+    first = uci_stream(x, y, 4, 1, order=perm)[0]
+    assert set(map(tuple, np.concatenate([first[0][0][0], first[1][0][0]]))) == \
+        set(map(tuple, x[perm[:25]]))
+    with pytest.raises(ValueError, match="permutation"):
+        uci_stream(x, y, 4, 1, order=perm[:-1])
 
 
 @pytest.mark.data("uci-gal/naval-propulsion-plant")
