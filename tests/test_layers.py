@@ -1,5 +1,6 @@
 """Imports flow ppl_cl -> inference -> models only (docs/design.md, Layers), and inside ppl_cl
-from the user-facing floors down: core < data < learners < protocols < experiments < cli. No
+from the user-facing floors down: core < data < learners < protocols < experiments < results
+< tables < sweep < cli (results and tables read the experiments' registry). No
 module imports from a higher layer or floor (so there is no cycle between them), and the light
 entry points load neither torch nor Pyro."""
 
@@ -13,7 +14,8 @@ ALLOWED = {"models": {"models"}, "inference": {"inference", "models"},
            "ppl_cl": {"ppl_cl", "inference", "models"}}
 OURS = set(ALLOWED)
 #: the floors of ppl_cl, lowest first; a module not named here is core
-FLOORS = ("core", "data", "learners", "protocols", "experiments", "sweep", "cli")
+FLOORS = ("core", "data", "learners", "protocols", "experiments", "results", "tables", "sweep",
+          "cli")
 
 
 def _package_of(path: Path) -> str:
