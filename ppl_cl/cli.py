@@ -12,7 +12,9 @@
     ppl-cl data list [--no-checksum]
     ppl-cl data path NAME
 
-Every command takes ``--data-dir DIR`` (searched before ``PPL_CL_DATA`` and the cache folder).
+Every command takes ``--data-dir DIR`` (searched before ``PPL_CL_DATA`` and the cache folder;
+it must exist). ``run``, ``reproduce`` and ``compare`` use one thread for torch, XLA and BLAS
+unless ``--threads N`` (or ``OMP_NUM_THREADS``) says more (:func:`_default_threads`).
 """
 
 from __future__ import annotations
