@@ -177,7 +177,9 @@ def main(argv=None) -> dict:
                           "load_average_at_start": load,
                           "note": "shared machine, other jobs running: absolute seconds are "
                                   "inflated, the ratios are measured in the same run and batch"},
-              "command": " ".join(sys.argv), "compilation_cache": cache, "datasets": {}}
+              "command": " ".join(sys.argv),
+              "compilation_cache": "given (--cache-dir)" if args.cache_dir else "new, empty",
+              "datasets": {}}
     partial = Path(args.out).with_suffix(".partial.json")
 
     def on_row(rows):   # a run stopped by a time limit keeps the batches it finished

@@ -101,6 +101,9 @@ def test_committed_notebook_is_executed_and_clean(path):
 def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch):
     monkeypatch.setenv("PPL_CL_SMOKE", "1")
     monkeypatch.setenv("PPL_CL_PROGRESS", "0")
+    # a compilation cache of this run's own: another process evicting entries of a shared one
+    # makes JAX warn (with a path) in the middle of a cell
+    monkeypatch.setenv("PPL_CL_JAX_CACHE", str(tmp_path / "jax-cache"))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.chdir(tmp_path)
     nb = nbformat.read(path, as_version=4)

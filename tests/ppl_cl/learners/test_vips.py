@@ -73,22 +73,32 @@ def test_save_load_between_batches_resumes_exactly(tmp_path):
     assert a.history()["m"] == c.history()["m"]
 
 
+def _copy(v):
+    if isinstance(v, dict):
+        return {k: _copy(w) for k, w in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_copy(w) for w in v]
+    return None if v is None else np.array(v)
+
+
 def _state_copy(gp):
-    st = gp.state_dict()["state"]
-    return None if st is None else {k: (np.array(v) if not isinstance(v, list) else
-                                        [np.array(w) for w in v]) for k, v in st.items()}
+    return _copy(gp.state_dict()["state"])
 
 
 def _same(s1, s2):
-    assert (s1 is None) == (s2 is None)
-    if s1 is None:
-        return
-    for k in s1:
-        if isinstance(s1[k], list):
-            for u, v in zip(s1[k], s2[k]):
-                np.testing.assert_array_equal(u, v)
-        else:
-            np.testing.assert_array_equal(s1[k], s2[k])
+    assert type(s1) is type(s2) or (s1 is not None and s2 is not None)
+    if isinstance(s1, dict):
+        assert set(s1) == set(s2)
+        for k in s1:
+            _same(s1[k], s2[k])
+    elif isinstance(s1, list):
+        assert len(s1) == len(s2)
+        for u, v in zip(s1, s2):
+            _same(u, v)
+    elif s1 is None:
+        assert s2 is None
+    else:
+        np.testing.assert_array_equal(s1, s2)
 
 
 def test_bad_input_is_refused_and_leaves_the_state_unchanged():
