@@ -84,6 +84,10 @@ class GPELLAProtocolConfig:
     """Methods to run (subset of gp_ella, individual, shared, mtgp, mtgp_rank2, ella)."""
     batch_max_train: int = 1000
     """Pooled training points the shared GP and the MTGPs fit and condition on (ours)."""
+    batch_max_iterations: int = 0
+    """L-BFGS iteration cap of the shared GP's and the MTGPs' fits (0: ``learner.max_iterations``,
+    i.e. to convergence as every GP fit here; Sect. 5.2's 50 makes the MTGPs about 10x cheaper
+    and worse)."""
     warmup: bool = True
     """Compile the GP-ELLA and individual-GP functions on the first run's data before timing."""
     learner: GPELLAConfig = field(default_factory=GPELLAConfig)
@@ -163,25 +167,72 @@ def _pooled_rmse(preds: list[np.ndarray], ys: list[np.ndarray]) -> float:
     return float(np.sqrt(np.mean(err ** 2)))
 
 
-def _grid_search(sub: list, ks: list[int], exps: tuple, learn) -> dict[str, Any]:
+def smoothing_ratios(config) -> tuple[float, ...]:
+    """The ratios ``r`` of the median rule the tuning tries: 0 (no smoothing), the config's
+    ``smoothing_grid`` and inf (uniform weights)."""
+    return (0.0,) + tuple(config.smoothing_grid) + (math.inf,)
+
+
+def validation_mse_by_ratio(learner, sub: list, ratios: tuple[float, ...]) -> np.ndarray:
+    """Validation MSE of ``learner`` (fitted on ``sub``'s sub-train sets) for each smoothing
+    ratio of the median rule (:class:`ppl_cl.learners.gp_ella.Smoother`): every validation set
+    is predicted under every task's kernel once, and the predictions are reweighted."""
+    from inference.gp_ella import kernel_predictions, median_squared_distance, smoothing_weights
+
+    sm = learner.smoother()
+    half_median = 0.5 * median_squared_distance(sm.points)
+    sse, n = np.zeros(len(ratios)), 0
+    for t, (_, _, xv, yv) in enumerate(sub):
+        slot = learner._store.slot(t)
+        means, _ = kernel_predictions(sm.kernels, sm.signal_variance(slot),
+                                      float(sm.noise_variances[slot]), learner._store.X[slot],
+                                      learner._store.y[slot], xv,
+                                      pad_multiple=learner.config.pad_multiple)
+        means = means + learner._store.y_mean[slot]
+        d2 = sm.squared_distances(slot)
+        for i, r in enumerate(ratios):
+            v = math.inf if math.isinf(r) else r * half_median
+            sse[i] += float(np.sum((smoothing_weights(d2, slot, v) @ means - yv) ** 2))
+        n += len(yv)
+    return sse / max(n, 1)
+
+
+def _grid_search(sub: list, ks: list[int], exps: tuple, learn,
+                 ratios: tuple[float, ...] | None = None) -> dict[str, Any]:
     """The validation MSE of ``learn(k, mu, lam)`` (a learner fitted on ``sub``'s sub-train
-    sets) over the grid k in ``ks``, log mu and log lambda in ``exps``; the best setting."""
+    sets) over the grid k in ``ks``, log mu and log lambda in ``exps`` and, with ``ratios``,
+    the smoothing ratio of the median rule (which changes the prediction only); the best
+    setting."""
     best = (math.inf, None)
     for k in ks:
         for em in exps:
             for el in exps:
                 learner = learn(k, math.exp(em), math.exp(el))
-                mse = np.mean(np.concatenate([(learner.predict(xv, t).mean - yv) ** 2
-                                              for t, (_, _, xv, yv) in enumerate(sub)]))
+                if ratios:
+                    mses = validation_mse_by_ratio(learner, sub, ratios)
+                    i = int(np.argmin(mses))
+                    mse, r = float(mses[i]), ratios[i]
+                else:
+                    mse = np.mean(np.concatenate([(learner.predict(xv, t).mean - yv) ** 2
+                                                  for t, (_, _, xv, yv) in enumerate(sub)]))
+                    r = None
                 if mse < best[0]:
-                    best = (float(mse), (k, em, el))
-    k, em, el = best[1]
-    return {"num_components": k, "mu": math.exp(em), "lam": math.exp(el), "val_mse": best[0]}
+                    best = (float(mse), (k, em, el, r))
+    k, em, el, r = best[1]
+    out = {"num_components": k, "mu": math.exp(em), "lam": math.exp(el), "val_mse": best[0]}
+    if r is not None:
+        out["smoothing_ratio"] = float(r)
+    return out
+
+
+def _tunes_ratio(config) -> bool:
+    return bool(getattr(config, "smoothing", True)) and config.smoothing_scale == "median"
 
 
 def tune_gp_ella(sub: list, base: GPELLAConfig, ks: list[int], exps: tuple) -> dict[str, Any]:
-    """Grid search of k, mu, lambda on ``sub`` = [(x_subtrain, y_subtrain, x_val, y_val)]; the
-    single-task fits do not depend on them and are computed once."""
+    """Grid search of k, mu, lambda (and, for the median smoothing rule, its ratio) on
+    ``sub`` = [(x_subtrain, y_subtrain, x_val, y_val)]; the single-task fits do not depend on
+    them and are computed once."""
     from inference.gp_ella import fit_single_task
     from ppl_cl import Batch
     from ppl_cl.learners.gp_ella import GPELLA, fit_options
@@ -195,7 +246,23 @@ def tune_gp_ella(sub: list, base: GPELLAConfig, ks: list[int], exps: tuple) -> d
             g.update(Batch(xt, yt, task_id=t), single_task_fit=fit)
         return g
 
-    return _grid_search(sub, ks, exps, learn)
+    return _grid_search(sub, ks, exps, learn,
+                        smoothing_ratios(base) if _tunes_ratio(base) else None)
+
+
+def tune_individual_smoothing(sub: list, config) -> dict[str, Any]:
+    """The median rule's ratio for the individual-GP ablation, tuned like GP-ELLA's on the
+    first five tasks' validation data."""
+    from ppl_cl import Batch
+    from ppl_cl.learners.gp_ella_baselines import IndividualGPs
+
+    learner = IndividualGPs(config)
+    for t, (xt, yt, _, _) in enumerate(sub):
+        learner.update(Batch(xt, yt, task_id=t))
+    ratios = smoothing_ratios(config)
+    mses = validation_mse_by_ratio(learner, sub, ratios)
+    i = int(np.argmin(mses))
+    return {"smoothing_ratio": float(ratios[i]), "val_mse": float(mses[i])}
 
 
 def tune_ella(sub: list, base, ks: list[int], exps: tuple) -> dict[str, Any]:
@@ -224,18 +291,31 @@ def _build(method: str, config: GPELLAProtocolConfig, tuned: dict, seed: int):
     if method == "gp_ella":
         return GPELLA(replace(c, seed=seed, **tuned.get("gp_ella", {})))
     if method == "individual":  # GP-ELLA's smoothing fields, for the smoothed ablation row
-        return IndividualGPs(IndividualGPConfig(
-            **gp, smoothing_scale=c.smoothing_scale, smoothing_variance=c.smoothing_variance,
-            smoothing_grid=c.smoothing_grid, holdout_fraction=c.holdout_fraction,
-            smoothing_parametrization=c.parametrization, seed=seed))
+        return IndividualGPs(replace(_individual_config(c, seed), **tuned.get("individual", {})))
+    batch = {**gp, "max_iterations": config.batch_max_iterations or c.max_iterations}
     if method == "shared":
-        return SharedGP(SharedGPConfig(**gp, max_train=config.batch_max_train, seed=seed))
+        return SharedGP(SharedGPConfig(**batch, max_train=config.batch_max_train, seed=seed))
     if method in ("mtgp", "mtgp_rank2"):
-        return MultiTaskGP(MultiTaskGPConfig(**gp, rank=1 if method == "mtgp" else 2,
+        return MultiTaskGP(MultiTaskGPConfig(**batch, rank=1 if method == "mtgp" else 2,
                                              max_train=config.batch_max_train, seed=seed))
     if method == "ella":
         return LinearELLA(LinearELLAConfig(seed=seed, **tuned.get("ella", {})))
     raise ValueError(f"methods: unknown method {method!r}; expected some of {METHODS}")
+
+
+def _individual_config(c: GPELLAConfig, seed: int):
+    """Individual GPs with GP-ELLA's single-task fit and smoothing fields (the smoothed
+    ablation predicts with them)."""
+    from ppl_cl.configs.gp_ella import IndividualGPConfig
+
+    return IndividualGPConfig(
+        max_iterations=c.max_iterations, fit_tolerance=c.fit_tolerance,
+        min_noise_variance=c.min_noise_variance, init_noise_ratio=c.init_noise_ratio,
+        theta_lower=c.theta_lower, theta_upper=c.theta_upper, pad_multiple=c.pad_multiple,
+        smoothing_scale=c.smoothing_scale, smoothing_ratio=c.smoothing_ratio,
+        smoothing_variance=c.smoothing_variance, smoothing_grid=c.smoothing_grid,
+        holdout_fraction=c.holdout_fraction, smoothing_parametrization=c.parametrization,
+        seed=seed)
 
 
 def _predict_all(learner, data: list, **kw) -> tuple[float, float]:
@@ -345,6 +425,10 @@ def run_protocol(tasks: list, config: GPELLAProtocolConfig, ctx: RunContext, nam
                 t0 = time.perf_counter()
                 if "gp_ella" in config.methods:
                     tuned["gp_ella"] = tune_gp_ella(sub, config.learner, ks, config.grid_exponents)
+                if "individual" in config.methods and config.ablations and \
+                        _tunes_ratio(config.learner):
+                    tuned["individual"] = tune_individual_smoothing(
+                        sub, _individual_config(config.learner, ctx.seed))
                 if "ella" in config.methods:
                     from ppl_cl.configs.gp_ella import LinearELLAConfig
 
@@ -423,6 +507,10 @@ def summarize(results: dict, tuned_log: list, config, ctx: RunContext,
             np.mean(extras["individual"]["fit_converged_fraction"]))
     if tuned_log and "gp_ella" in tuned_log[0]:
         summary["tuned_k_median"] = float(np.median([t["gp_ella"]["num_components"] for t in tuned_log]))
+    for m, name in (("gp_ella", "gp_ella"), ("individual", "individual_smoothed")):
+        ratios = [t[m]["smoothing_ratio"] for t in tuned_log if "smoothing_ratio" in t.get(m, {})]
+        if ratios:
+            summary[f"tuned_smoothing_ratio_{name}"] = float(np.median(ratios))
     table = table1_markdown(results)
     (ctx.out_dir / "table1.md").write_text(table)
     ctx.savefig(fig2_rmse(results), "fig2_rmse")

@@ -5,22 +5,27 @@ at a time (Algorithm 1), with the prediction of Sect. 4.4.
 
 1. the task's targets are centred on their mean (kept for prediction; Sect. 5.2 centres);
 2. single-task GP: type-II ML over ``theta_t`` (inverse squared lengthscales), ``sigma_f^2``
-   and ``sigma^2``, then ``H_t`` (eq. 6) — :func:`inference.gp_ella.fit_single_task`;
+   and ``sigma^2``, run to convergence, then the gradient and ``H_t`` (eq. 6) —
+   :func:`inference.gp_ella.fit_single_task`; eq. 5's expansion point and Hessian in the coded
+   parametrization (``log theta`` by default, :func:`inference.gp_ella.expansion`);
 3. the ELLA step: sparse code ``s_t`` (LASSO), basis ``L`` from the running sums, zero columns
    re-drawn — :class:`inference.gp_ella.ELLAEngine`.
 
-``predict(x, task_id)`` uses ``theta_t = max(L s_t, 0)``; ``sigma_f^2`` is chosen by a line
-search on a held-out part of the task's training data (skipped when the task is too small:
-``holdout_fraction * n < 1`` or fewer than 2 points left, then the fitted ``sigma_f^2`` is
-used; the update record says ``line_search_possible``); predictions made with every known
-task's ``theta_t'`` on this task's data are averaged with weights
-``exp(-|theta_t - theta_t'|^2 / (2 * 100))`` (Sect. 4.4). The predictive is the mixture's mean
-and variance.
+``predict(x, task_id)`` uses the kernel ``theta_t = exp(L s_t)`` (``max(L s_t, 0)`` in the
+paper's parametrization); ``sigma_f^2`` is chosen by a line search on a held-out part of the
+task's training data (skipped when the task is too small: ``holdout_fraction * n < 1`` or
+fewer than 2 points left, then the fitted ``sigma_f^2`` is used; the update record says
+``line_search_possible``); predictions made with every known task's kernel on this task's data
+are averaged with weights ``exp(-|z_t - z_t'|^2 / (2 v))`` over the coded parameters
+``z = L s`` (Sect. 4.4, :class:`Smoother`; ``v`` by ``config.smoothing_scale``). The
+predictive is the mixture's mean and variance. ``predict(..., smoothing=False)`` predicts with
+the task's own kernel (the ablation). :meth:`GPELLA.diagnostics` says whether the expansions
+were taken at minima.
 
-Handled inputs: a task with constant targets is stored with ``theta_hat = 0`` and ``H = 0``
-(no GP fit; its code is 0 and it leaves the basis unchanged; it predicts its mean). Errors
-(state unchanged): no ``task_id``, NaN / inf, an empty batch, a changed feature dimension,
-``predict`` for a task id never seen.
+Handled inputs: a task with constant targets is stored with a zero expansion (no GP fit; its
+code is 0 and it leaves ``T``, the running sums and ``L`` exactly unchanged; it predicts its
+mean). Errors (state unchanged): no ``task_id``, NaN / inf, an empty batch, a changed feature
+dimension, ``predict`` for a task id never seen.
 """
 
 from __future__ import annotations
@@ -199,9 +204,10 @@ class Smoother:
     task's kernel ``theta_t'``, weights :func:`inference.gp_ella.smoothing_weights` of the
     squared distances between the tasks' parameters ``points`` (their coded parametrization)
     with a variance chosen by ``config.smoothing_scale`` (:class:`ppl_cl.configs.gp_ella.
-    _SmoothingFields`). ``"heldout"`` predicts every task's held-out points (the split of the
-    line search, conditioned on the rest) under every kernel and keeps the grid value with the
-    least pooled squared error.
+    _SmoothingFields`): ``"median"`` scales the median squared distance between the known
+    tasks by ``config.smoothing_ratio``; ``"heldout"`` predicts every task's held-out points
+    (the split of the line search, conditioned on the rest) under every kernel and keeps the
+    grid value with the least pooled squared error.
 
     Args:
         config: the learner's config (smoothing fields, ``pad_multiple``, ``seed``).
@@ -233,14 +239,19 @@ class Smoother:
         return self._variance
 
     def _choose(self) -> float:
+        import math
+
         from inference.gp_ella import choose_smoothing_variance, median_squared_distance
 
         c = self.config
         if c.smoothing_scale == "fixed":
             return float(c.smoothing_variance)
         half_median = 0.5 * median_squared_distance(self.points)
-        if c.smoothing_scale == "median" or half_median <= 0.0:
-            return half_median
+        if c.smoothing_scale == "median":
+            r = float(c.smoothing_ratio)
+            return math.inf if math.isinf(r) else r * half_median
+        if half_median <= 0.0:
+            return 0.0
         grid = np.asarray([0.0] + [r * half_median for r in c.smoothing_grid] + [np.inf])
         d2s, selves, means, targets = [], [], [], []
         for slot in range(len(self.store)):
@@ -257,7 +268,7 @@ class Smoother:
             means.append(m)
             targets.append(y[val_idx])
         if not d2s:
-            return half_median
+            return 0.0
         self.grid = grid
         best, self.heldout_sse = choose_smoothing_variance(d2s, selves, means, targets, grid)
         return best

@@ -10,8 +10,16 @@ from ppl_cl.experiments import get, registry, run_experiment
 from ppl_cl.experiments.gp_ella import _k_grid, split_and_center
 
 NAMES = ("gpella-synthetic", "gpella-robot-arm", "gpella-schools", "gpella-parkinsons")
-KEYS = ("rmse_gp_ella", "rmse_individual", "rmse_shared", "rmse_mtgp", "rmse_ella",
-        "time_ratio_vs_individual")
+KEYS = ("rmse_gp_ella", "rmse_gp_ella_no_smoothing", "rmse_individual",
+        "rmse_individual_smoothed", "rmse_shared", "rmse_mtgp", "rmse_ella",
+        "time_ratio_vs_individual", "n_eff_gp_ella", "n_eff_individual_smoothed",
+        "fit_converged_fraction", "fit_converged_fraction_individual")
+WINS = ("gp_ella_beats_gp_ella_no_smoothing_runs", "gp_ella_beats_individual_runs",
+        "gp_ella_beats_individual_smoothed_runs", "gp_ella_beats_shared_runs",
+        "gp_ella_beats_mtgp_runs", "gp_ella_beats_mtgp_rank2_runs", "gp_ella_beats_ella_runs",
+        "gp_ella_no_smoothing_beats_individual_runs")
+FRACTIONS = ("hessian_negative_fraction", "theta_clipped_fraction",
+             "fitted_theta_at_bound_fraction")
 
 
 def test_the_four_experiments_are_registered_with_paper_defaults():
@@ -23,6 +31,27 @@ def test_the_four_experiments_are_registered_with_paper_defaults():
         assert "time_ratio_vs_individual" in reg[name].paper
     assert get("gpella-synthetic").config_cls().tasks_total == 100
     assert get("gpella-robot-arm").config_cls().tasks_total == 113
+
+
+def test_one_claim_per_baseline_is_registered_and_checkable():
+    """Each experiment registers Fig. 2's comparison of GP-ELLA with individual GPs, the shared
+    GP, the MTGP and ELLA (synthetic: ELLA below GP-ELLA, as the paper says); a claim reads
+    "lower rMSE first" and is checkable on a summary."""
+    reg = registry()
+    for name in NAMES:
+        claims = reg[name].claims
+        assert len(claims) == 4 and all(c.increasing for c in claims)
+        keys = {k for c in claims for k in c.keys}
+        assert keys == {"rmse_gp_ella", "rmse_individual", "rmse_shared", "rmse_mtgp",
+                        "rmse_ella"}
+        summary = {"rmse_gp_ella": 1.0, "rmse_individual": 2.0, "rmse_shared": 0.5,
+                   "rmse_mtgp": 3.0, "rmse_ella": 1.5}
+        held = [c.check(summary) for c in claims]
+        if name == "gpella-synthetic":
+            assert held == [True, False, True, False]
+        else:
+            assert held == [True, False, True, True]
+        assert all(c.check({}) is None for c in claims)
 
 
 def test_protocol_split_centres_each_task_and_halves_it():
@@ -41,11 +70,19 @@ def test_protocol_split_centres_each_task_and_halves_it():
 def test_tiny_run_gives_every_summary_key(tmp_path):
     m = run_experiment("gpella-synthetic", quick=True, out=tmp_path / "r",
                        overrides={"n_tasks": "6", "n_runs": "2", "grid_exponents": "[-4]",
-                                  "k_max": "2", "batch_max_train": "60", "warmup": "false"})
+                                  "k_max": "2", "batch_max_train": "60", "warmup": "false",
+                                  "batch_max_iterations": "30"})
     s = m["summary"]
     for key in KEYS + ("rmse_mtgp_rank2",):
         assert key in s and math.isfinite(s[key]) and s[key] > 0
+    for key in WINS:
+        assert isinstance(s[key], int) and 0 <= s[key] <= 2
+    for key in FRACTIONS:
+        assert 0.0 <= s[key] <= 1.0
+    assert 1.0 <= s["n_eff_gp_ella"] <= 6.0 and s["n_tasks"] == 6
     assert s["n_runs"] == 2 and s["rmse_gp_ella_se"] >= 0
+    assert set(m["per_run"]) == {"gp_ella", "gp_ella_no_smoothing", "individual",
+                                 "individual_smoothed", "shared", "mtgp", "mtgp_rank2", "ella"}
     assert (tmp_path / "r" / "fig2_rmse.png").exists() and (tmp_path / "r" / "table1.md").exists()
     assert len(m["per_run"]["gp_ella"]["rmse"]) == 2
 

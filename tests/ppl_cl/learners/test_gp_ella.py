@@ -193,24 +193,27 @@ def _relevant_feature_tasks(n_tasks=7, n=30, seed=0):
 def test_k_equal_d_limit_predicts_as_individual_gps():
     """k = d, mu = lambda = 1e-10, no smoothing, no line search: L s_t reconstructs every
     task's log theta_hat (more tasks than k, so the online basis must keep all of them), and
-    GP-ELLA predicts as individual GPs do, to 1e-6 relative (measured: 1e-11 to 1e-8, the
-    fits' convergence tolerance and the platform's rounding). The
-    expansions are at minima (converged fits, no negative curvature)."""
+    GP-ELLA predicts as individual GPs do: to 1e-5 relative with the default alternations
+    per task (measured: up to 5e-7 on theta, 3e-7 on the predictions), to 1e-8 with five
+    and no early stop (measured: 1e-10). The expansions are at minima (converged fits, no negative curvature)."""
     tasks = _relevant_feature_tasks()
-    g = GPELLA(num_components=D, mu=1e-10, lam=1e-10, smoothing=False, line_search=False)
     ind = IndividualGPs()
     for t, (x, y) in enumerate(tasks):
-        g.update(Batch(x, y, task_id=t))
         ind.update(Batch(x, y, task_id=t))
-    diag = g.diagnostics()
-    assert diag["fit_converged_fraction"] == 1.0 and diag["hessian_negative_fraction"] == 0.0
-    assert diag["theta_clipped_fraction"] == 0.0
-    np.testing.assert_allclose(g.reconstructed_thetas(), g.fitted_thetas(), rtol=1e-6)
     xs = np.random.default_rng(5).normal(size=(11, D))
-    for t in range(len(tasks)):
-        a, b = g.predict(xs, t), ind.predict(xs, t)
-        np.testing.assert_allclose(a.mean, b.mean, rtol=0, atol=1e-6 * np.std(b.mean))
-        np.testing.assert_allclose(a.variance, b.variance, rtol=1e-6)
+    for extra, tol in (({}, 1e-5), ({"max_inner_iterations": 5, "inner_tolerance": 1e-12}, 1e-8)):
+        g = GPELLA(num_components=D, mu=1e-10, lam=1e-10, smoothing=False, line_search=False,
+                   **extra)
+        for t, (x, y) in enumerate(tasks):
+            g.update(Batch(x, y, task_id=t))
+        diag = g.diagnostics()
+        assert diag["fit_converged_fraction"] == 1.0 and diag["hessian_negative_fraction"] == 0
+        assert diag["theta_clipped_fraction"] == 0.0
+        np.testing.assert_allclose(g.reconstructed_thetas(), g.fitted_thetas(), rtol=tol)
+        for t in range(len(tasks)):
+            a, b = g.predict(xs, t), ind.predict(xs, t)
+            np.testing.assert_allclose(a.mean, b.mean, rtol=0, atol=tol * np.std(b.mean))
+            np.testing.assert_allclose(a.variance, b.variance, rtol=tol)
 
 
 def test_line_search_conditions_on_the_fit_part_and_scores_the_held_out_part():
@@ -263,12 +266,22 @@ def test_smoothing_ablations_share_the_learned_model():
                                np.mean(means, axis=0) + ind._store.y_mean[1], rtol=1e-10)
     np.testing.assert_allclose(ind.predict(xs, 1).mean, means[1] + ind._store.y_mean[1],
                                rtol=1e-10)
-    h = _small()
+    h = _small(smoothing_scale="heldout")
     for t, (x, y) in enumerate(tasks):
         h.update(Batch(x, y, task_id=t))
     sm = h.smoother()
     assert sm.variance in set(sm.grid) and len(sm.heldout_sse) == len(sm.grid)
     assert 1.0 <= effective_number_of_tasks(sm.weights(0)) <= 4.0
+    # the median rule (default): v = ratio * median / 2, ratio 0 and inf are its limits
+    from inference.gp_ella import median_squared_distance
+
+    for ratio in (0.0, 2.0, np.inf):
+        m = _small(smoothing_ratio=ratio)
+        for t, (x, y) in enumerate(tasks):
+            m.update(Batch(x, y, task_id=t))
+        half = 0.5 * median_squared_distance(m.reconstructions())
+        assert m.smoother().variance == (np.inf if ratio == np.inf else ratio * half)
+    np.testing.assert_allclose(m.smoother().weights(2), 0.25)
 
 
 def test_individual_gps_predict_like_exact_gp_with_the_same_hyperparameters():
