@@ -50,7 +50,8 @@ import numpy as np
 from scipy.special import expit
 
 __all__ = ["Type2MLResult", "Type2MLState", "Type2MLInfo", "Type2ML", "NonFiniteObjectiveError",
-           "fit_type2ml", "value_and_grad_of", "Exp", "Softplus", "SigmoidBox", "Identity", "PARAMETRIZATIONS",
+           "fit_type2ml", "value_and_grad_of", "Exp", "Softplus", "SigmoidBox", "Identity",
+           "PARAMETRIZATIONS",
            "gpflow_parametrization", "GPFLOW_NOISE_SHIFT"]
 
 PARAMETRIZATIONS = ("log", "gpflow")

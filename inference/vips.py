@@ -54,9 +54,9 @@ from inference.type2ml import fit_type2ml
 from models.exact_gp import GPRegressionParams
 from models.kernels_jax import Kernel
 from models.online_sgpr import (FIRST_BATCH_SELECTION_JITTER, ONLINE_JITTER, OldPosterior,
-                                OldTerms, bound_constant, bound_pieces,
-                                elbo_and_inducing_posterior, old_terms, online_elbo,
-                                online_elbo_and_residual)
+                                OldTerms, bound_constant, bound_pieces, elbo_from_pieces,
+                                old_terms, online_elbo, online_elbo_and_residual,
+                                predictive_from_pieces)
 
 __all__ = ["TargetStats", "update_target_stats", "noise_code", "prepare_old", "padded_elbo",
            "bound_value", "empty_old_terms", "pad_terms", "SelectionPivotError", "oips_kernel",
@@ -359,12 +359,17 @@ def _greedy_loop(state: _GreedyState, kernel: Kernel, s2: Array, Xp: Array, yp: 
 
 
 @jax.jit
-def _start(params: GPRegressionParams, Xp: Array, yp: Array, xm: Array, old: OldTerms,
-           jitter: Array):
-    """Factors of the bound at ``b = a`` (the old inducing inputs; none: every row masked) on
-    padded arrays, ``b`` and the old terms of one size: the starting state of the loop."""
+def _factor(params: GPRegressionParams, Xp: Array, yp: Array, xm: Array, Zp: Array, zm: Array,
+            old: OldTerms, jitter: Array, d_jitter: Array, summary_jitter: Array):
+    """One factorization of the bound at ``Z`` (padded; ``Z`` and the old terms of one size),
+    and what the stream needs of it: the greedy loop's starting state (called with ``Z`` = the
+    old points, or none) and a batch's summary (called with the selected set at the fitted
+    hyperparameters): ``F``, ``q(u_b) = N(m, S)``, ``K_bb`` and the old terms of the summary the
+    next batch conditions on (``S + summary_jitter I`` and ``K_bb``), so the next batch
+    factorizes nothing of its old points again. One program serves both uses, so it compiles
+    once per bucket."""
+    p = bound_pieces(params, Xp, yp, Zp, old, jitter, zm, xm, d_jitter)
     base = bound_constant(params, Xp, yp, old, jitter=jitter, x_mask=xm)
-    p = bound_pieces(params, Xp, yp, old.a, old, jitter, old.mask, xm)
     s2 = params.noise_variance
     sA = jnp.sum((p.P_a @ old.A) * p.P_a)
     sum_v2 = jnp.dot(p.v, p.v)
@@ -372,10 +377,26 @@ def _start(params: GPRegressionParams, Xp: Array, yp: Array, xm: Array, old: Old
     trQ = jnp.sum(p.P_f * p.P_f)
     F0 = base + 0.5 * sum_v2 - logdet + 0.5 * trQ / s2 + 0.5 * sA
     Np = Xp.shape[0]
-    state = _GreedyState(p.L_b, p.L_D, p.P_f, p.P_a, p.v, old.a, p.resid, jnp.zeros(Np, bool),
+    state = _GreedyState(p.L_b, p.L_D, p.P_f, p.P_a, p.v, Zp, p.resid, jnp.zeros(Np, bool),
                          jnp.zeros(Np, jnp.int32), jnp.zeros(Np + 1, Xp.dtype).at[0].set(F0),
-                         jnp.sum(old.mask).astype(jnp.int32), jnp.asarray(0, jnp.int32), F0,
+                         jnp.sum(zm).astype(jnp.int32), jnp.asarray(0, jnp.int32), F0,
                          sum_v2, logdet, trQ, sA, jnp.asarray(False))
+    F = elbo_from_pieces(params, Xp, yp, p, old, xm)
+    m, S = predictive_from_pieces(params, Zp, p, Zp, True, zm, zm)
+    both = zm[:, None] & zm[None, :]
+    Kbb = jnp.where(both, params.kernel(Zp), 0.0)
+    pad_eye = jnp.diag(jnp.where(zm, 0.0, 1.0))
+    S_next = S + jnp.diag(jnp.where(zm, summary_jitter, 0.0)) + pad_eye
+    nxt = old_terms(OldPosterior(Zp, m, S_next, Kbb + pad_eye), jitter=jitter, mask=zm)
+    return base, state, (F, m, S, Kbb, nxt)
+
+
+def _start(params: GPRegressionParams, Xp: Array, yp: Array, xm: Array, old: OldTerms,
+           jitter: Array):
+    """Factors of the bound at ``b = a`` (the old inducing inputs; none: every row masked) on
+    padded arrays, ``b`` and the old terms of one size: the starting state of the loop."""
+    base, state, _ = _factor(params, Xp, yp, xm, old.a, old.mask, old, jitter, jitter,
+                             jnp.zeros_like(jitter))
     return base, state
 
 
@@ -444,10 +465,12 @@ def greedy_variance_selection(params: GPRegressionParams, X: Array, y: Array,
                              terms.a, terms.mask, terms.A, terms.w, base, *args)
         k, m = int(state.k), int(state.m)
         if bool(state.bad):
+            score = np.where(np.asarray(state.chosen) | ~np.asarray(fmask), -np.inf,
+                             np.asarray(state.resid))
             raise SelectionPivotError(
                 f"greedy selection: the pivot of addition {k + 1} (batch row "
-                f"{int(np.asarray(jnp.argmax(jnp.where(state.chosen | ~fmask, -jnp.inf, state.resid))))}"
-                f", M = {m}) is not positive: K_bb or D is not numerically positive definite "
+                f"{int(np.argmax(score))}, M = {m}) is not positive: K_bb or D is not "
+                f"numerically positive definite "
                 f"(kernel {params.kernel}, noise {float(params.noise_variance)}, jitter "
                 f"{jitter}); a larger jitter or other hyperparameters are needed")
         more = (float(state.F) < threshold or k < min_new) and k < max_new
@@ -919,23 +942,6 @@ def fit_hyperparameters(params: GPRegressionParams, X: Array, y: Array, Z: Array
                              jnp.asarray(d_jitter_of(old, jitter))), **limits)
 
 
-@jax.jit
-def _summary(params, Xp, yp, xm, Zp, zm, terms, jitter, d_jitter, summary_jitter):
-    """At the fitted hyperparameters, padded: F, ``q(u_b) = N(m, S)``, ``K_bb``, and the old
-    terms of the summary the next batch conditions on (``S + summary_jitter I`` and ``K_bb``),
-    so that the next batch factorizes nothing of its old points again."""
-    F, m, S = elbo_and_inducing_posterior(params, Xp, yp, Zp, terms, jitter=jitter, z_mask=zm,
-                                          x_mask=xm, d_jitter=d_jitter)
-    both = zm[:, None] & zm[None, :]
-    Kbb = jnp.where(both, params.kernel(Zp), 0.0)
-    pad_eye = jnp.diag(jnp.where(zm, 0.0, 1.0))
-    S = jnp.where(both, S, 0.0)
-    S_next = S + jnp.diag(jnp.where(zm, summary_jitter, 0.0)) + pad_eye
-    nxt = old_terms(OldPosterior(Zp, jnp.where(zm, m, 0.0), S_next, Kbb + pad_eye),
-                    jitter=jitter, mask=zm)
-    return F, m, S, Kbb, nxt
-
-
 class OnlineSGPRState(NamedTuple):
     """The continual state: ``q(u_b) = N(q_mean, q_cov)`` at ``inducing_inputs``, ``K_bb`` at the
     fitted hyperparameters (the next batch's ``K'_aa``), the hyperparameters, the policy's
@@ -1040,7 +1046,7 @@ class OnlineSGPREngine:
         M = Z.shape[0]
         size = _joint_size(M, terms)
         Zp, zm = _pad_inducing(Z, size)
-        bound, q_mean, q_cov, prior_cov, nxt = _summary(
+        _, _, (bound, q_mean, q_cov, prior_cov, nxt) = _factor(
             params, Xp, yp, xm, Zp, zm, _terms_at(terms, X.shape[1], size),
             jnp.asarray(self.jitter), jnp.asarray(d_jitter_of(terms, self.jitter)),
             jnp.asarray(self.summary_jitter))

@@ -61,7 +61,7 @@ from models.linalg_jax import jitter_cholesky, symmetrize
 __all__ = ["OldPosterior", "OldTerms", "old_terms", "BoundPieces", "bound_pieces",
            "bound_constant", "online_elbo", "online_elbo_and_residual",
            "online_upper_bound", "optimal_inducing_posterior", "predictive",
-           "elbo_and_inducing_posterior",
+           "elbo_and_inducing_posterior", "elbo_from_pieces", "predictive_from_pieces",
            "predict_from_inducing", "online_sgpr_model", "optimal_guide", "uncollapsed_elbo",
            "GPRegressionParams", "ONLINE_JITTER", "FIRST_BATCH_SELECTION_JITTER"]
 
@@ -219,7 +219,7 @@ def bound_constant(params: GPRegressionParams, X: Array, y: Array, old: OldTerms
     return c
 
 
-def _elbo_from_pieces(params: GPRegressionParams, X: Array, y: Array, p: BoundPieces,
+def elbo_from_pieces(params: GPRegressionParams, X: Array, y: Array, p: BoundPieces,
                       old: OldTerms | None, x_mask: Array | None) -> Array:
     """``F`` (module docstring) from the factors of :func:`bound_pieces`."""
     N = X.shape[0] if x_mask is None else jnp.sum(x_mask)
@@ -251,7 +251,7 @@ def online_elbo_and_residual(params: GPRegressionParams, X: Array, y: Array, Z: 
         ``(F, residual (N,))``.
     """
     p = bound_pieces(params, X, y, Z, old, jitter, z_mask, x_mask, d_jitter)
-    return _elbo_from_pieces(params, X, y, p, old, x_mask), p.resid
+    return elbo_from_pieces(params, X, y, p, old, x_mask), p.resid
 
 
 def online_elbo(params: GPRegressionParams, X: Array, y: Array, Z: Array,
@@ -302,7 +302,7 @@ def online_upper_bound(params: GPRegressionParams, X: Array, y: Array, Z: Array,
     return U
 
 
-def _predictive_from_pieces(params: GPRegressionParams, Z: Array, p: BoundPieces,
+def predictive_from_pieces(params: GPRegressionParams, Z: Array, p: BoundPieces,
                             X_star: Array, full_cov: bool, z_mask: Array | None,
                             star_mask: Array | None = None) -> tuple[Array, Array]:
     """Predictive at ``X_star`` from the factors; ``star_mask`` marks its real rows (the
@@ -328,7 +328,7 @@ def predictive(params: GPRegressionParams, X: Array, y: Array, Z: Array, old: Ol
     Returns ``mean (n,)`` and ``variance (n,)`` (or covariance ``(n, n)``), noise excluded.
     """
     p = bound_pieces(params, X, y, Z, old, jitter, z_mask, x_mask)
-    return _predictive_from_pieces(params, Z, p, X_star, full_cov, z_mask)
+    return predictive_from_pieces(params, Z, p, X_star, full_cov, z_mask)
 
 
 def optimal_inducing_posterior(params: GPRegressionParams, X: Array, y: Array, Z: Array,
@@ -342,7 +342,7 @@ def optimal_inducing_posterior(params: GPRegressionParams, X: Array, y: Array, Z
     With ``z_mask`` the padded rows / columns of the result are zero (slice them off).
     """
     p = bound_pieces(params, X, y, Z, old, jitter, z_mask, x_mask)
-    return _predictive_from_pieces(params, Z, p, Z, True, z_mask, z_mask)
+    return predictive_from_pieces(params, Z, p, Z, True, z_mask, z_mask)
 
 
 def elbo_and_inducing_posterior(params: GPRegressionParams, X: Array, y: Array, Z: Array,
@@ -352,8 +352,8 @@ def elbo_and_inducing_posterior(params: GPRegressionParams, X: Array, y: Array, 
     """``(F, m_b, S_b)``: :func:`online_elbo` and :func:`optimal_inducing_posterior` from one
     factorization of the bound (``d_jitter`` as :func:`bound_pieces`)."""
     p = bound_pieces(params, X, y, Z, old, jitter, z_mask, x_mask, d_jitter)
-    m, S = _predictive_from_pieces(params, Z, p, Z, True, z_mask, z_mask)
-    return _elbo_from_pieces(params, X, y, p, old, x_mask), m, S
+    m, S = predictive_from_pieces(params, Z, p, Z, True, z_mask, z_mask)
+    return elbo_from_pieces(params, X, y, p, old, x_mask), m, S
 
 
 def predict_from_inducing(params: GPRegressionParams, Z: Array, mean: Array, covariance: Array,
