@@ -190,6 +190,10 @@ def _relevant_feature_tasks(n_tasks=7, n=30, seed=0):
     return out
 
 
+# at mu = lambda = 1e-10 the basis solve's matrix A/T + lambda I is near singular in the
+# directions no task constrains: the jitter helper's first step (1e-10 x its mean diagonal) is
+# expected, and far below the tolerances asserted
+@pytest.mark.filterwarnings("ignore::models.linalg_jax.JitterWarning")
 def test_k_equal_d_limit_predicts_as_individual_gps():
     """k = d, mu = lambda = 1e-10, no smoothing, no line search: L s_t reconstructs every
     task's log theta_hat (more tasks than k, so the online basis must keep all of them), and
