@@ -1,6 +1,6 @@
 """Online (streaming) sparse GP regression of Bui et al. (2017), the model VIPS sizes.
 
-Notation (Pescador-Barrios et al. 2024, Sect. 3.3; METHODS.md section 4): a batch ``(X, y)`` of
+Notation (Pescador-Barrios et al. 2024, Sect. 3.3; docs/vips.md, "Model"): a batch ``(X, y)`` of
 ``N`` points; the old inducing inputs ``a`` (``M_a`` rows) with the old posterior summary
 ``q_old(u_a) = N(m_a, S_a)`` and its previous-hyperparameter prior covariance ``K'_aa``; the new
 inducing inputs ``b`` (``M_b`` rows; VIPS keeps ``a`` inside ``b``); the current kernel ``k`` and

@@ -361,7 +361,7 @@ def robot_arm_tasks(n_tasks: int = 113, min_configs: int = 50, max_configs: int 
 
 # ===========================================================================================
 # VIPS synthetic data (Pescador-Barrios et al. 2024, Sect. 5.1 / App. F.1 and Sect. 5.2 / App. F.2.1;
-# METHODS.md section 4)
+# docs/vips.md, "Fig. 1")
 # ===========================================================================================
 
 VIPS_NOISE_STD: float = 0.2
