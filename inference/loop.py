@@ -21,6 +21,11 @@
   ``run_loop(..., resume=loop_state)`` continues from it and ends exactly where the
   uninterrupted loop ends. :func:`state_to_tree` / :func:`state_from_tree` turn a LoopState
   into a tree of arrays for :func:`ppl_cl.persist.save_tree` and back;
+* **epoch-indexed schedules**: an engine with ``end_epoch(state) -> state`` has it called after
+  the steps of every epoch (e.g. the MultiStepLR position of :mod:`inference.gp_tree_vi`);
+  ``order=`` starts the torch minibatch order from a given generator state (a second phase
+  continuing the permutations of a first), ``on_epoch(epoch, loss)`` is called after every
+  epoch;
 * a progress bar over epochs (tqdm).
 
 The engine's ``step`` may raise (e.g. a non-finite loss); the loop does not catch it.

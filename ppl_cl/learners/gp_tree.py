@@ -7,7 +7,9 @@ class-incremental protocol.
 internal node, by Gibbs (:class:`inference.pg_gibbs.PGGibbs`; nodes of a tree level in one
 batched call) or by VI (:class:`inference.pg_vi.PGVI`, class-wise inducing inputs initialized
 by k-means, kernel / inducing inputs / backbone by SGD on the per-node weighted negative ELBO,
-App. C.2; with a backbone, cross-entropy pre-training first, Sect. 3.3). Every later call is a
+App. C.2; with a backbone, cross-entropy pre-training first, Sect. 3.3; both phases are
+:class:`inference.gp_tree_vi.SGDEngine` driven by :func:`inference.loop.run_loop`, with its
+snapshots, exact resume and early stopping). Every later call is a
 **novel session** of new classes (Sect. 3.4): the backbone is frozen, novel examples are kept
 as embeddings, and the tree grows by ``config.fscil_tree``:
 
@@ -38,7 +40,8 @@ from torch import nn
 from inference.pg_gibbs import PGGibbs, pad_problems, unpad
 from inference.gp_tree_vi import (CrossEntropyLoss, SGDEngine, TreeELBOLoss, TreeNode,
                                   module_params)
-from inference.loop import LoopConfig, NoImprovement, run_loop, state_from_tree, state_to_tree
+from inference.loop import (LoopConfig, LoopResult, NoImprovement, run_loop, state_from_tree,
+                            state_to_tree)
 from models.backbones_torch import make_backbone
 from models.gp_tree import (NaturalParams, NodeKernelParams, gibbs_predictive,
                             gibbs_predictive_cache, natural_to_moments, node_gram, node_kernel,
@@ -53,7 +56,8 @@ from ppl_cl.trees import (ClassTree, chain_tree, class_probabilities, class_prot
 
 from ppl_cl.errors import NotFittedError
 
-__all__ = ["GPTree", "SBMGP", "NotFittedError", "class_exemplars"]
+__all__ = ["GPTree", "SBMGP", "NotFittedError", "class_exemplars", "cross_entropy_engine",
+           "fit_cross_entropy"]
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -99,6 +103,34 @@ def _embed(backbone: nn.Module | None, x: torch.Tensor) -> torch.Tensor:
     if not x.shape[0]:
         return backbone(x)
     return torch.cat([backbone(x[i:i + 4096]) for i in range(0, x.shape[0], 4096)])
+
+
+def cross_entropy_engine(backbone: nn.Module, head: nn.Module, config: GPTreeConfig
+                         ) -> tuple[SGDEngine, Any]:
+    """:class:`inference.gp_tree_vi.SGDEngine` on ``CE(head(backbone(x)), y)`` with the SGD
+    settings of ``config`` (learning rate, momentum, weight decay, MultiStepLR milestones with
+    decay 0.1; App. C.2-C.3), and its initial state at the modules' weights."""
+    params = {**module_params("backbone", backbone), **module_params("head", head)}
+    engine = SGDEngine(CrossEntropyLoss(backbone, head), list(params), config.learning_rate,
+                       config.momentum, config.weight_decay, config.milestones, gamma=0.1)
+    return engine, engine.init(None, params)
+
+
+def fit_cross_entropy(backbone: nn.Module, head: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                      config: GPTreeConfig, seed: int, epochs: int, **loop: Any) -> LoopResult:
+    """Train ``head(backbone(x))`` on class indices ``y`` by cross-entropy for ``epochs``
+    epochs of ``config.batch_size`` rows in an order seeded by ``seed``
+    (:func:`cross_entropy_engine` driven by :func:`inference.loop.run_loop`; ``loop``: its
+    keywords: snapshot, snapshot_every_s, resume, order, on_epoch). GP-Tree's pre-training
+    (Sect. 3.3) and the softmax network of Table 2; the modules keep the trained weights."""
+    engine, state = cross_entropy_engine(backbone, head, config)
+    backbone.train()
+    res = run_loop(engine, state, (x, y), LoopConfig(batch_size=config.batch_size,
+                                                     max_epochs=epochs, keep="last", seed=seed,
+                                                     desc="cross-entropy"), **loop)
+    _load_module(backbone, "backbone", res.final.engine.params)
+    _load_module(head, "head", res.final.engine.params)
+    return res
 
 
 class GPTree(Learner):
@@ -230,16 +262,10 @@ class GPTree(Learner):
                 kappas.append(yi.to(self.dtype) - 0.5)
                 Xs.append(Xi)
             problem = pad_problems(Ks, kappas, Ls)
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(self._draw_seed(g))
-            state = engine.init(problem, gen)
-            f_trace, lm_trace = [], []
-            for _ in range(c.num_steps):
-                state, info = engine.step(None, state, problem)
-                f_trace.append(state.f)
-                lm_trace.append(info.log_marginal)
-            f_all = torch.stack(f_trace)                              # (S, G, C, n)
-            lm_all = torch.stack(lm_trace)                            # (S, G, C)
+            state, _, draws = engine.run(problem, c.num_steps, seed=self._draw_seed(g),
+                                         keep=True)
+            f_all = draws["f"]                                        # (S, G, C, n)
+            lm_all = draws["log_marginal"]                            # (S, G, C)
             for gi, i in enumerate(ids):
                 n = Xs[gi].shape[0]
                 out[i] = {"kind": "gibbs", "X": Xs[gi], "kappa": kappas[gi],
@@ -270,32 +296,26 @@ class GPTree(Learner):
 
     def _pretrain(self, backbone, head, x, y_idx, order_seed: int, loop: dict
                   ) -> tuple[list[float], Any, float]:
-        """Cross-entropy pre-training of ``head(backbone(x))`` (Sect. 3.3, App. C.3) by
-        :class:`inference.gp_tree_vi.SGDEngine` driven by :func:`inference.loop.run_loop`;
-        the backbone keeps the trained weights. Returns the epoch losses, the minibatch-order
-        state and the learning rate after the epochs (MultiStepLR, ``config.milestones``)."""
+        """Cross-entropy pre-training (Sect. 3.3, App. C.3; :func:`fit_cross_entropy`) for
+        ``config.pretrain_epochs``, snapshots and resume from ``loop``. Returns the epoch
+        losses, the minibatch-order state and the learning rate after the epochs."""
         c = self.config
-        params = {**module_params("backbone", backbone), **module_params("head", head)}
-        engine, state = self._sgd(CrossEntropyLoss(backbone, head), params, list(params),
-                                  c.learning_rate, c.milestones)
-        lr_after = engine.lr(c.pretrain_epochs)
+        engine, state = cross_entropy_engine(backbone, head, c)
         resume = loop.get("resume")
         if resume is not None and resume["phase"] == "gp":       # pre-training was done
             final = state_from_tree(resume["pretrain"], state)
+            _load_module(backbone, "backbone", final.engine.params)
         else:
-            backbone.train()
-            res = run_loop(engine, state, (x, y_idx), self._loop_config(c.pretrain_epochs,
-                           order_seed, "last"), snapshot=loop.get("snapshot") and (
-                lambda ls: loop["snapshot"]({"phase": "pretrain", "pretrain": None,
-                                             "loop": state_to_tree(ls)})),
+            snap, on_epoch = loop.get("snapshot"), loop.get("on_epoch")
+            final = fit_cross_entropy(
+                backbone, head, x, y_idx, c, order_seed, c.pretrain_epochs,
+                snapshot=snap and (lambda ls: snap({"phase": "pretrain", "pretrain": None,
+                                                    "loop": state_to_tree(ls)})),
                 snapshot_every_s=loop.get("snapshot_every_s", 600.0),
                 resume=None if resume is None else state_from_tree(resume["loop"], state),
-                on_epoch=loop.get("on_epoch") and (
-                    lambda e, v: loop["on_epoch"]("pre-training", e, v)))
-            final = res.final
+                on_epoch=on_epoch and (lambda e, v: on_epoch("pre-training", e, v))).final
         loop["pretrain_tree"] = state_to_tree(final)
-        _load_module(backbone, "backbone", final.engine.params)
-        return list(final.epoch_losses), final.order, lr_after
+        return list(final.epoch_losses), final.order, engine.lr(c.pretrain_epochs)
 
     def _loop_config(self, epochs: int, seed: int, keep: str) -> LoopConfig:
         c = self.config
@@ -459,6 +479,7 @@ class GPTree(Learner):
             ``gp_epochs``, ``stopped_early``, ``kept_epoch``).
         """
         batch, y, present = self._check_batch(batch, classes)
+        self._check_loop_args(validation, snapshot, resume, present, batch)
         t0 = time.perf_counter()
         g = self._generator()
         x = self._tensor(batch.x)
@@ -504,6 +525,25 @@ class GPTree(Learner):
         record["tree_depth"] = self.tree.depth()
         record["wall_time_s"] = time.perf_counter() - t0
         return record
+
+    def _check_loop_args(self, validation, snapshot, resume, present, batch) -> None:
+        given = [k for k, v in (("validation", validation), ("snapshot", snapshot),
+                                ("resume", resume)) if v is not None]
+        if given and not (self.tree is None and self.config.inference == "vi"):
+            raise ValueError(f"{', '.join(given)}: only a VI base session runs the epoch loop "
+                             "(Gibbs sessions have no epochs)")
+        if validation is not None:
+            if not isinstance(validation, Batch):
+                raise TypeError(f"validation: expected a ppl_cl.Batch, received "
+                                f"{type(validation).__name__}")
+            validation.validate(input_dim=int(as_numpy(batch.x).shape[1]))
+            unknown = sorted(set(np.unique(as_numpy(validation.y)).tolist()) - set(present))
+            if unknown:
+                raise ValueError(f"validation: labels {unknown} are not classes of the session")
+        if resume is not None and (not isinstance(resume, dict) or resume.get("phase")
+                                   not in ("pretrain", "gp")):
+            raise ValueError("resume: expected a snapshot tree of GPTree.update (a dict with "
+                             "phase 'pretrain' or 'gp')")
 
     def _novel_session(self, feats: torch.Tensor, y: np.ndarray, present, g):
         c = self.config

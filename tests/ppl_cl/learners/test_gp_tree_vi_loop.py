@@ -115,3 +115,17 @@ def test_early_stopping_stops_and_keeps_the_best_epoch():
     # without a validation batch nothing stops
     rec2 = GPTree(gp.config.replace(epochs=6)).update(Batch(x, y))
     assert not rec2["stopped_early"] and rec2["gp_epochs"] == 6
+
+
+def test_loop_arguments_are_refused_where_no_epoch_loop_runs():
+    x, y = _blobs(n_per=8)
+    gibbs = GPTree(num_chains=2, num_steps=1, kmeans_n_init=2)
+    with pytest.raises(ValueError, match="only a VI base session"):
+        gibbs.update(Batch(x, y), validation=Batch(x, y))
+    assert gibbs.tree is None
+    vi = GPTree(inference="vi", epochs=2, pretrain_epochs=0, kmeans_n_init=2)
+    with pytest.raises(ValueError, match="labels \\[7\\]"):
+        vi.update(Batch(x, y), validation=Batch(x[:2], np.array([0, 7])))
+    with pytest.raises(ValueError, match="resume: expected a snapshot"):
+        vi.update(Batch(x, y), resume={"phase": "other"})
+    assert vi.tree is None
