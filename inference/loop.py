@@ -21,6 +21,11 @@
   ``run_loop(..., resume=loop_state)`` continues from it and ends exactly where the
   uninterrupted loop ends. :func:`state_to_tree` / :func:`state_from_tree` turn a LoopState
   into a tree of arrays for :func:`ppl_cl.persist.save_tree` and back;
+* **epoch-indexed schedules**: an engine with ``end_epoch(state) -> state`` has it called after
+  the steps of every epoch (e.g. the MultiStepLR position of :mod:`inference.gp_tree_vi`);
+  ``order=`` starts the torch minibatch order from a given generator state (a second phase
+  continuing the permutations of a first), ``on_epoch(epoch, loss)`` is called after every
+  epoch;
 * a progress bar over epochs (tqdm).
 
 The engine's ``step`` may raise (e.g. a non-finite loss); the loop does not catch it.
@@ -215,14 +220,102 @@ def _rows(data: tuple, idx: Any) -> tuple:
 # ---------------------------------------------------------------------------------------------
 # the loop
 # ---------------------------------------------------------------------------------------------
+def _check_data(data: Sequence[Any]) -> tuple[tuple, int]:
+    data = tuple(data)
+    if not data:
+        raise ValueError("data: expected at least one array")
+    N = int(data[0].shape[0])
+    if N == 0:
+        raise ValueError("data: expected at least one row, received 0")
+    if any(int(t.shape[0]) != N for t in data):
+        raise ValueError(f"data: all arrays need {N} rows, received shapes "
+                         f"{[tuple(t.shape) for t in data]}")
+    return data, N
+
+
+class _Run:
+    """The mutable bookkeeping of one :func:`run_loop` call (histories, best state, timers)."""
+
+    def __init__(self, ls: LoopState, config: LoopConfig):
+        self.c = config
+        self.engine_state, self.steps, self.epoch = ls.engine, int(ls.steps), int(ls.epoch)
+        self.epoch_losses = list(ls.epoch_losses)
+        self.validation = [(int(e), float(v)) for e, v in ls.validation]
+        self.history = [v for _, v in self.validation]
+        self.best_epoch, self.best_value, self.best = int(ls.best_epoch), ls.best_value, ls.best
+        self.best_index = next((i for i, (e, _) in enumerate(self.validation)
+                                if e == self.best_epoch), -1)
+        self.train_time = float(ls.train_time_s)
+        self.wall_before = float(ls.wall_time_s)
+        self.stopped_early = False
+        self.t0 = time.perf_counter()
+
+    def epoch_steps(self, engine: Engine, data: tuple, batches: list, rng: Any,
+                    fold_in: Any) -> None:
+        """One epoch of steps (and the engine's ``end_epoch``, if it has one)."""
+        t_ep = time.perf_counter()
+        total, count = 0.0, 0
+        for idx in batches:
+            step_rng = None if fold_in is None else fold_in(rng, self.steps)
+            self.engine_state, info = engine.step(step_rng, self.engine_state, _rows(data, idx))
+            self.steps += 1
+            n = len(idx)
+            total += float(info.loss) * n
+            count += n
+        end_epoch = getattr(engine, "end_epoch", None)
+        if end_epoch is not None:
+            self.engine_state = end_epoch(self.engine_state)
+        self.train_time += time.perf_counter() - t_ep
+        self.epoch_losses.append(total / count)
+
+    def validate(self, value: float) -> bool:
+        """Record a validation of the current epoch; True when the stopping rule stops."""
+        c = self.c
+        self.validation.append((self.epoch, value))
+        self.history.append(value)
+        better = (c.stopping.improves(value, self.best_value) if c.stopping is not None
+                  else self.best_value is None or value > self.best_value)
+        if better:
+            self.best_value, self.best_epoch = value, self.epoch
+            self.best_index = len(self.history) - 1
+            if c.keep == "best":
+                self.best = self.engine_state
+        if c.stopping is not None and c.stopping.stop(self.history, self.best_index):
+            self.stopped_early = self.epoch < c.max_epochs
+            return True
+        return False
+
+    def loop_state(self, order_state: Any) -> LoopState:
+        return LoopState(self.engine_state, self.epoch, self.steps, order_state,
+                         tuple(self.epoch_losses), tuple(self.validation), self.best_epoch,
+                         self.best_value, self.best, self.train_time,
+                         self.wall_before + time.perf_counter() - self.t0)
+
+    def result(self, order_state: Any) -> LoopResult:
+        c, final = self.c, self.loop_state(order_state)
+        if c.keep == "best" and self.best is not None:
+            kept, kept_epoch, kept_value = self.best, self.best_epoch, self.best_value
+        else:
+            kept, kept_epoch = self.engine_state, self.epoch
+            kept_value = dict(self.validation).get(self.epoch)
+        return LoopResult(kept, final, self.epoch_losses, self.validation, kept_epoch,
+                          kept_value if self.validation else None, self.epoch, self.steps,
+                          self.stopped_early, final.wall_time_s,
+                          self.train_time / max(self.epoch, 1))
+
+
 def run_loop(engine: Engine, state: Any, data: Sequence[Any], config: LoopConfig, *,
              rng: Any = None, validate: Callable[[Any], float] | None = None,
              snapshot: Callable[[LoopState], None] | None = None,
-             snapshot_every_s: float = 600.0, resume: LoopState | None = None) -> LoopResult:
+             snapshot_every_s: float = 600.0, resume: LoopState | None = None,
+             order: Any = None, on_epoch: Callable[[int, float], None] | None = None
+             ) -> LoopResult:
     """Train ``engine`` from ``state`` on ``data`` by epochs of minibatches (module docstring).
 
     Args:
-        engine: follows :class:`inference.base.Engine`; its Info has a scalar ``loss``.
+        engine: follows :class:`inference.base.Engine`; its Info has a scalar ``loss``. An
+            engine with ``end_epoch(state) -> state`` (an epoch-indexed schedule, e.g.
+            MultiStepLR) has it called after the steps of every epoch.
         state: the engine's initial state (``engine.init(...)``); ignored when resuming except
             as the structure the snapshot must match.
         data: arrays sharing their first axis (N rows); a minibatch is the tuple of their rows.
@@ -234,37 +327,24 @@ def run_loop(engine: Engine, state: Any, data: Sequence[Any], config: LoopConfig
         snapshot: receives the :class:`LoopState` after an epoch once ``snapshot_every_s``
             seconds have passed since the start or the last snapshot (not after the last epoch).
         resume: a :class:`LoopState` from ``snapshot`` of the same run: continue after it.
+        order: the starting state of the torch minibatch-order generator (e.g. ``final.order``
+            of an earlier loop, so that two phases draw one stream of permutations); None:
+            seeded by ``config.seed``. Ignored when resuming.
+        on_epoch: ``on_epoch(epoch, mean_loss)`` after every epoch (e.g. a log line).
     """
-    data = tuple(data)
-    if not data:
-        raise ValueError("data: expected at least one array")
-    N = int(data[0].shape[0])
-    if N == 0:
-        raise ValueError("data: expected at least one row, received 0")
-    if any(int(t.shape[0]) != N for t in data):
-        raise ValueError(f"data: all arrays need {N} rows, received shapes "
-                         f"{[tuple(t.shape) for t in data]}")
+    data, N = _check_data(data)
     c = config
     torch_data = _is_torch(data[0])
     device = data[0].device if torch_data else None
-    t0 = time.perf_counter()
     if resume is not None:
         if not 1 <= int(resume.epoch) < c.max_epochs:
             raise ValueError(f"resume: snapshot after epoch {resume.epoch}, this loop runs "
                              f"{c.max_epochs} epochs")
         ls = resume
     else:
-        ls = LoopState(state, 0, 0, None, (), (), 0, None, None, 0.0, 0.0)
-    order = _TorchOrder(c.seed, ls.order) if torch_data else _NumpyOrder(c.seed)
-    wall_before = float(ls.wall_time_s)
-    engine_state, steps = ls.engine, int(ls.steps)
-    epoch_losses = list(ls.epoch_losses)
-    validation = [(int(e), float(v)) for e, v in ls.validation]
-    history = [v for _, v in validation]
-    best_epoch, best_value, best = int(ls.best_epoch), ls.best_value, ls.best
-    best_index = next((i for i, (e, _) in enumerate(validation) if e == best_epoch), -1)
-    train_time = float(ls.train_time_s)
-    stopped_early = False
+        ls = LoopState(state, 0, 0, order, (), (), 0, None, None, 0.0, 0.0)
+    run = _Run(ls, c)
+    batch_order = _TorchOrder(c.seed, ls.order) if torch_data else _NumpyOrder(c.seed)
     fold_in = None
     if rng is not None:
         import jax
@@ -277,56 +357,27 @@ def run_loop(engine: Engine, state: Any, data: Sequence[Any], config: LoopConfig
     bar = tqdm(range(ls.epoch + 1, c.max_epochs + 1), desc=c.desc or "epochs",
                disable=not c.progress, leave=False, dynamic_ncols=True, initial=ls.epoch,
                total=c.max_epochs)
-    epoch = ls.epoch
     for epoch in bar:
-        t_ep = time.perf_counter()
-        total, count = 0.0, 0
-        for idx in order.epoch(N, c.batch_size, epoch, device):
-            step_rng = None if fold_in is None else fold_in(rng, steps)
-            engine_state, info = engine.step(step_rng, engine_state, _rows(data, idx))
-            steps += 1
-            n = len(idx)
-            total += float(info.loss) * n
-            count += n
-        train_time += time.perf_counter() - t_ep
-        epoch_losses.append(total / count)
-        postfix = {"loss": f"{epoch_losses[-1]:.4g}"}
+        run.epoch = epoch
+        run.epoch_steps(engine, data, batch_order.epoch(N, c.batch_size, epoch, device), rng,
+                        fold_in)
+        if on_epoch is not None:
+            on_epoch(epoch, run.epoch_losses[-1])
+        postfix = {"loss": f"{run.epoch_losses[-1]:.4g}"}
         stop = False
         if validate is not None and epoch % c.validate_every == 0:
-            value = float(validate(engine_state))
-            validation.append((epoch, value))
-            history.append(value)
+            value = float(validate(run.engine_state))
             postfix["val"] = f"{value:.4f}"
-            better = (c.stopping.improves(value, best_value) if c.stopping is not None
-                      else best_value is None or value > best_value)
-            if better:
-                best_value, best_epoch, best_index = value, epoch, len(history) - 1
-                if c.keep == "best":
-                    best = engine_state
-            if c.stopping is not None and c.stopping.stop(history, best_index):
-                stopped_early = epoch < c.max_epochs
-                stop = True
+            stop = run.validate(value)
         bar.set_postfix(postfix)
         if stop:
             break
         if (snapshot is not None and epoch < c.max_epochs
                 and time.perf_counter() - last_snapshot >= snapshot_every_s):
-            snapshot(LoopState(engine_state, epoch, steps, order.state(), tuple(epoch_losses),
-                               tuple(validation), best_epoch, best_value, best, train_time,
-                               wall_before + time.perf_counter() - t0))
+            snapshot(run.loop_state(batch_order.state()))
             last_snapshot = time.perf_counter()
     bar.close()
-    wall = wall_before + time.perf_counter() - t0
-    final = LoopState(engine_state, epoch, steps, order.state(), tuple(epoch_losses),
-                      tuple(validation), best_epoch, best_value, best, train_time, wall)
-    if c.keep == "best" and best is not None:
-        kept, kept_epoch, kept_value = best, best_epoch, best_value
-    else:
-        kept, kept_epoch = engine_state, epoch
-        kept_value = dict(validation).get(epoch)
-    return LoopResult(kept, final, epoch_losses, validation, kept_epoch,
-                      kept_value if validation else None, epoch, steps, stopped_early, wall,
-                      train_time / max(epoch, 1))
+    return run.result(batch_order.state())
 
 
 # ---------------------------------------------------------------------------------------------

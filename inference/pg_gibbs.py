@@ -193,9 +193,10 @@ class PGGibbs:
             state: GibbsState | None = None, keep: bool = False
             ) -> tuple[GibbsState, GibbsInfo, dict[str, Tensor] | None]:
         """``init`` (unless ``state`` is given) then ``num_steps`` sweeps; with ``keep`` the draws
-        of every sweep, ``{"f", "omega"}: (num_steps, G, C, n)``, are returned too."""
+        of every sweep, ``{"f", "omega"}: (num_steps, G, C, n)``, and the sweeps' augmented
+        log marginals, ``"log_marginal": (num_steps, G, C)``, are returned too."""
         state = self.init(problem, seed) if state is None else state
-        trace: dict[str, list[Tensor]] = {"f": [], "omega": []}
+        trace: dict[str, list[Tensor]] = {"f": [], "omega": [], "log_marginal": []}
         info = GibbsInfo(torch.zeros(problem.kappa.shape[0], self.num_chains,
                                      dtype=problem.L.dtype, device=problem.L.device))
         for _ in range(num_steps):
@@ -203,5 +204,6 @@ class PGGibbs:
             if keep:
                 trace["f"].append(state.f)
                 trace["omega"].append(state.omega)
+                trace["log_marginal"].append(info.log_marginal)
         draws = {k: torch.stack(v) for k, v in trace.items()} if keep and num_steps else None
         return state, info, draws

@@ -82,6 +82,10 @@ class GPTreeConfig:
       images) — :mod:`models.backbones_torch`; ``hidden``: widths of the MLP's hidden layers;
       ``embedding_dim``: the feature size the GPs see (512 in App. C.3; small here).
 
+    * ``patience``: 0 — no early stopping (the paper trains a fixed number of epochs); > 0
+      with a validation batch (``GPTree.update(..., validation=...)``): stop the tree loss
+      after that many epochs without a better validation accuracy, keep the best epoch.
+
     Few-shot class-incremental sessions (Sect. 3.4, App. D.2):
 
     * ``fscil_tree``: ``"gptree"`` — a new root over the base tree and a sub-tree of all
@@ -124,6 +128,7 @@ class GPTreeConfig:
     hidden: tuple[int, ...] = (256, 256)
     embedding_dim: int = 64
     fscil_tree: Literal["gptree", "session", "rebuild"] = "gptree"
+    patience: int = 0
     seed: int = 0
     device: str = "cpu"
     dtype: Literal["float64", "float32"] = "float64"
@@ -157,6 +162,8 @@ class GPTreeConfig:
         if not isinstance(self.pretrain_epochs, int) or not 0 <= self.pretrain_epochs < self.epochs:
             raise ValueError(f"pretrain_epochs: expected an int in [0, epochs), received "
                              f"{self.pretrain_epochs!r} (epochs = {self.epochs})")
+        if not isinstance(self.patience, int) or isinstance(self.patience, bool) or self.patience < 0:
+            raise ValueError(f"patience: expected an int >= 0, received {self.patience!r}")
         if any(not isinstance(h, int) or h < 1 for h in self.hidden):
             raise ValueError(f"hidden: expected positive ints, received {self.hidden!r}")
         if any(not isinstance(m, int) or m < 1 for m in self.milestones):

@@ -338,11 +338,12 @@ def run_gptree_classes(config: GPTreeClassesConfig, ctx: RunContext) -> dict:
 
     torch.set_num_threads(1) if ctx.device == "cpu" else None
     if config.dataset == "letter":
-        xtr, ytr, xte, yte = letter_split(ctx.data_dir)
+        split = letter_split(ctx.data_dir)
     elif config.dataset == "cub":
-        xtr, ytr, xte, yte = cub_split(ctx.data_dir)
+        split = cub_split(ctx.data_dir)
     else:
         raise ValueError(f"dataset: expected 'letter' or 'cub', received {config.dataset!r}")
+    xtr, ytr, xte, yte = split
     available = np.intersect1d(np.unique(ytr), np.unique(yte))
     methods = list(config.methods) + (["gptree_vi"] if config.vi else []) + \
         [f"gptree_chains{k}" for k in config.chain_counts]
@@ -366,48 +367,9 @@ def run_gptree_classes(config: GPTreeClassesConfig, ctx: RunContext) -> dict:
     for seed in ctx.progress(range(config.seeds), desc="seeds"):
         saved = ctx.load_checkpoint(f"seed{seed}")
         if saved is not None:        # --resume: this seed finished before the stop
-            for m, row in saved["results"].items():
-                for C, acc in row.items():
-                    results[m][int(C)].append(float(acc))
-            for m, row in saved["selected"].items():
-                for C, (kernel, scale, acc_val) in row.items():
-                    selected[m][int(C)].append([str(kernel), float(scale), float(acc_val)])
+            _restore_seed(saved, results, selected)
             continue
-        for C in config.class_counts:
-            if C > available.size:
-                raise ValueError(f"class_counts: {C} classes requested, the data has "
-                                 f"{available.size}")
-            rng = np.random.default_rng(1000 * (ctx.seed + seed) + C)
-            classes = np.sort(rng.choice(available, C, replace=False))
-            data = _class_subset(xtr, ytr, xte, yte, classes, config.train_per_class,
-                                 config.test_per_class, rng)
-            if config.grid:
-                data = data[:2] + _validation_split(data[2], data[3], config.val_fraction, rng)
-            for m in methods:
-                if m == "ove" and C > config.ove_max_classes:
-                    continue
-                cell = None
-                if config.grid and m in GRID_METHODS:
-                    acc, cell, acc_val = _grid_row(m, C, config, ctx.seed + seed, data)
-                    selected[m][C].append([cell[0], cell[1], acc_val])
-                elif config.grid and m.startswith("gptree_chains") and selected["gptree"][C]:
-                    cell = tuple(selected["gptree"][C][-1][:2])
-                    acc = _classes_row(m, C, config, ctx.seed + seed, data, cell)
-                else:
-                    acc = _classes_row(m, C, config, ctx.seed + seed, data)
-                results[m][C].append(acc)
-                ctx.log(f"seed {seed} C={C} {m}: {acc:.2f}%" +
-                        (f" (kernel {cell[0]}, output scale {cell[1]:g})" if cell else ""))
-        ctx.save_checkpoint(f"seed{seed}", {
-            "results": {m: {str(C): r[C][-1] for C in r if len(r[C]) == seed + 1}
-                        for m, r in results.items()},
-            "selected": {m: {str(C): r[C][-1] for C in r if len(r[C]) == seed + 1}
-                         for m, r in selected.items()}})
-        (ctx.out_dir / "partial.json").write_text(json.dumps(
-            {"seeds_done": seed + 1, "results": {m: {str(C): v for C, v in r.items()}
-                                                 for m, r in results.items()},
-             "selected": {m: {str(C): v for C, v in r.items()} for m, r in selected.items()}
-             if config.grid else {}}, indent=1))
+        _classes_seed(config, ctx, seed, split, available, methods, results, selected)
     posteriors: list[str] = []
     if config.posterior_sweeps:
         # the first seed's draw of posterior_C classes, as the loop above drew it
@@ -416,6 +378,71 @@ def run_gptree_classes(config: GPTreeClassesConfig, ctx: RunContext) -> dict:
         data = _class_subset(xtr, ytr, xte, yte, classes, config.train_per_class,
                              config.test_per_class, rng)
         posteriors = write_posteriors(config, ctx, data, posterior_C)
+    ctx.savefig(classes_figure(results, config.class_counts, labels), "accuracy_vs_classes")
+    return {"summary": _classes_summary(config, methods, results, selected),
+            "posterior_files": posteriors,
+            "per_seed": {m: {str(C): v for C, v in r.items()} for m, r in results.items()},
+            "selected": {m: {str(C): v for C, v in r.items()} for m, r in selected.items()}
+            if config.grid else {},
+            "units": "test accuracy in percent; sem = standard error of the mean over seeds; "
+                     "selected: [kernel, output scale, validation accuracy] per seed"}
+
+
+def _restore_seed(saved: dict, results: dict, selected: dict) -> None:
+    """Append a finished seed's checkpoint (``--resume``) to the accumulators."""
+    for m, row in saved["results"].items():
+        for C, acc in row.items():
+            results[m][int(C)].append(float(acc))
+    for m, row in saved["selected"].items():
+        for C, (kernel, scale, acc_val) in row.items():
+            selected[m][int(C)].append([str(kernel), float(scale), float(acc_val)])
+
+
+def _classes_seed(config: GPTreeClassesConfig, ctx: RunContext, seed: int, split, available,
+                  methods, results: dict, selected: dict) -> None:
+    """Every method at every class count of one seed (Table 1 protocol), then the seed's
+    checkpoint and ``partial.json``."""
+    xtr, ytr, xte, yte = split
+    for C in config.class_counts:
+        if C > available.size:
+            raise ValueError(f"class_counts: {C} classes requested, the data has "
+                             f"{available.size}")
+        rng = np.random.default_rng(1000 * (ctx.seed + seed) + C)
+        classes = np.sort(rng.choice(available, C, replace=False))
+        data = _class_subset(xtr, ytr, xte, yte, classes, config.train_per_class,
+                             config.test_per_class, rng)
+        if config.grid:
+            data = data[:2] + _validation_split(data[2], data[3], config.val_fraction, rng)
+        for m in methods:
+            if m == "ove" and C > config.ove_max_classes:
+                continue
+            cell = None
+            if config.grid and m in GRID_METHODS:
+                acc, cell, acc_val = _grid_row(m, C, config, ctx.seed + seed, data)
+                selected[m][C].append([cell[0], cell[1], acc_val])
+            elif config.grid and m.startswith("gptree_chains") and selected["gptree"][C]:
+                cell = tuple(selected["gptree"][C][-1][:2])
+                acc = _classes_row(m, C, config, ctx.seed + seed, data, cell)
+            else:
+                acc = _classes_row(m, C, config, ctx.seed + seed, data)
+            results[m][C].append(acc)
+            ctx.log(f"seed {seed} C={C} {m}: {acc:.2f}%" +
+                    (f" (kernel {cell[0]}, output scale {cell[1]:g})" if cell else ""))
+    ctx.save_checkpoint(f"seed{seed}", {
+        "results": {m: {str(C): r[C][-1] for C in r if len(r[C]) == seed + 1}
+                    for m, r in results.items()},
+        "selected": {m: {str(C): r[C][-1] for C in r if len(r[C]) == seed + 1}
+                     for m, r in selected.items()}})
+    (ctx.out_dir / "partial.json").write_text(json.dumps(
+        {"seeds_done": seed + 1, "results": {m: {str(C): v for C, v in r.items()}
+                                             for m, r in results.items()},
+         "selected": {m: {str(C): v for C, v in r.items()} for m, r in selected.items()}
+         if config.grid else {}}, indent=1))
+
+
+def _classes_summary(config: GPTreeClassesConfig, methods, results: dict, selected: dict
+                     ) -> dict:
+    """Mean and SEM over seeds per method and class count (and the grid's linear share)."""
     summary: dict = {"dataset": config.dataset, "seeds": config.seeds,
                      "train_per_class": config.train_per_class, "grid": config.grid}
     for m in methods:
@@ -433,13 +460,7 @@ def run_gptree_classes(config: GPTreeClassesConfig, ctx: RunContext) -> dict:
                 v = selected[m][C]
                 if v:
                     summary[f"linear_share_{m}_{C}"] = float(np.mean([c[0] == "linear" for c in v]))
-    ctx.savefig(classes_figure(results, config.class_counts, labels), "accuracy_vs_classes")
-    return {"summary": summary, "posterior_files": posteriors,
-            "per_seed": {m: {str(C): v for C, v in r.items()} for m, r in results.items()},
-            "selected": {m: {str(C): v for C, v in r.items()} for m, r in selected.items()}
-            if config.grid else {},
-            "units": "test accuracy in percent; sem = standard error of the mean over seeds; "
-                     "selected: [kernel, output scale, validation accuracy] per seed"}
+    return summary
 
 
 # ---------------------------------------------------------------------------------------------
@@ -464,31 +485,21 @@ class GPTreeDKLMNISTConfig:
 
 
 def _softmax_baseline(xtr, ytr, xte, yte, lc: GPTreeConfig, seed: int) -> float:
+    """Test accuracy (%) of the softmax network on GP-Tree's backbone, trained by the same
+    SGD recipe and run loop as GP-Tree's pre-training (:func:`fit_cross_entropy`)."""
     import torch
     from torch import nn
 
     from models.backbones_torch import make_backbone
+    from ppl_cl.learners.gp_tree import fit_cross_entropy
 
     dtype = torch.float32 if lc.dtype == "float32" else torch.float64
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         net = nn.Sequential(make_backbone(lc.backbone, xtr.shape[1], lc.hidden, lc.embedding_dim),
                             nn.Linear(lc.embedding_dim, int(ytr.max()) + 1)).to(dtype)
-    X = torch.as_tensor(xtr, dtype=dtype)
-    Y = torch.as_tensor(ytr)
-    opt = torch.optim.SGD(net.parameters(), lr=lc.learning_rate, momentum=lc.momentum,
-                          weight_decay=lc.weight_decay)
-    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=list(lc.milestones), gamma=0.1)
-    g = torch.Generator().manual_seed(seed)
-    ce = nn.CrossEntropyLoss()
-    for _ in range(lc.epochs):
-        perm = torch.randperm(X.shape[0], generator=g)
-        for s in range(0, X.shape[0], lc.batch_size):
-            idx = perm[s:s + lc.batch_size]
-            opt.zero_grad()
-            ce(net(X[idx]), Y[idx]).backward()
-            opt.step()
-        sched.step()
+    fit_cross_entropy(net[0], net[1], torch.as_tensor(xtr, dtype=dtype), torch.as_tensor(ytr),
+                      lc, seed, lc.epochs)
     with torch.no_grad():
         pred = net(torch.as_tensor(xte, dtype=dtype)).argmax(1).numpy()
     return 100.0 * float((pred == yte).mean())
@@ -664,7 +675,6 @@ def run_gptree_fscil(config: GPTreeFSCILConfig, ctx: RunContext) -> dict:
 
     from ppl_cl.data.streams import class_incremental_sessions
     from ppl_cl.learners.gp_tree import GPTree
-    from ppl_cl.metrics import forgetting
 
     torch.set_num_threads(1) if ctx.device == "cpu" else None
     for v in config.variants:
@@ -694,41 +704,69 @@ def run_gptree_fscil(config: GPTreeFSCILConfig, ctx: RunContext) -> dict:
         for v in config.variants:
             learner = GPTree(lc.replace(fscil_tree=v))
             learner.load_state_dict(base_state)
-            accs, R = [], np.full((len(sessions), len(sessions)), np.nan)
-            for s, task in enumerate(sessions):
-                if s > 0:
-                    learner.update(task.train)
-                pred = learner.predict(task.test.x)
-                accs.append(100.0 * pred.accuracy(task.test.y))
-                ctx.log(f"run {run} {v}: session {s + 1}/{len(sessions)}: accuracy "
-                        f"{accs[-1]:.1f} %")
-                R[s, :s + 1] = _group_accuracy(pred, np.asarray(task.test.y), groups[:s + 1])
-            curves[v].append(accs)
-            forget[v].append([forgetting(R[:k + 1, :k + 1]) for k in range(1, len(sessions))])
-            ctx.log(f"run {run} {v}: " + ", ".join(f"{a:.1f}" for a in accs))
+            accs, R = _fscil_sessions(learner, sessions, groups, ctx, f"run {run} {v}")
+            _fscil_record(curves, forget, v, accs, R, ctx, run)
         if config.ncm:
-            emb_tr, y_tr = base.embed(sessions[0].train.x), np.asarray(sessions[0].train.y)
-            accs, R = [], np.full((len(sessions), len(sessions)), np.nan)
-            for s, task in enumerate(sessions):
-                if s > 0:
-                    emb_tr = np.concatenate([emb_tr, base.embed(task.train.x)])
-                    y_tr = np.concatenate([y_tr, np.asarray(task.train.y)])
-                emb_te, y_te = base.embed(task.test.x), np.asarray(task.test.y)
-                accs.append(_ncm_accuracy(emb_tr, y_tr, emb_te, y_te))
-                classes = np.unique(y_tr)
-                unit = lambda a: a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
-                means = unit(np.stack([emb_tr[y_tr == c].mean(0) for c in classes]))
-                pred = classes[np.argmax(unit(emb_te) @ means.T, axis=1)]
-                for j, g in enumerate(groups[:s + 1]):
-                    m = np.isin(y_te, g)
-                    R[s, j] = 100.0 * float((pred[m] == y_te[m]).mean())
-            curves["ncm"].append(accs)
-            forget["ncm"].append([forgetting(R[:k + 1, :k + 1]) for k in range(1, len(sessions))])
-            ctx.log(f"run {run} ncm: " + ", ".join(f"{a:.1f}" for a in accs))
+            accs, R = _fscil_ncm(base, sessions, groups)
+            _fscil_record(curves, forget, "ncm", accs, R, ctx, run)
         (ctx.out_dir / "partial.json").write_text(json.dumps(
             {"runs_done": run + 1, "curves": curves, "forgetting": forget}, indent=1))
     curves_np = {k: np.asarray(v) for k, v in curves.items()}
     forget_np = {k: np.asarray(v) for k, v in forget.items()}
+    ctx.savefig(fscil_figure(curves_np, forget_np, FSCIL_LABELS), "sessions")
+    return {"summary": _fscil_summary(config, curves_np, forget_np, names),
+            "curves": {k: v.tolist() for k, v in curves_np.items()},
+            "forgetting": {k: v.tolist() for k, v in forget_np.items()},
+            "units": "test accuracy in percent over all classes seen; forgetting in points "
+                     "(Chaudhry et al. 2018, over session groups)"}
+
+
+def _fscil_sessions(learner, sessions, groups, ctx: RunContext, tag: str):
+    """The sessions after the base one fed to ``learner`` (a GP-Tree variant loaded at the
+    base session): accuracy over all classes seen after each session, and the accuracy
+    matrix ``R[s, j]`` of session ``s``'s model on the classes of session ``j <= s``."""
+    accs, R = [], np.full((len(sessions), len(sessions)), np.nan)
+    for s, task in enumerate(sessions):
+        if s > 0:
+            learner.update(task.train)
+        pred = learner.predict(task.test.x)
+        accs.append(100.0 * pred.accuracy(task.test.y))
+        ctx.log(f"{tag}: session {s + 1}/{len(sessions)}: accuracy {accs[-1]:.1f} %")
+        R[s, :s + 1] = _group_accuracy(pred, np.asarray(task.test.y), groups[:s + 1])
+    return accs, R
+
+
+def _fscil_ncm(base, sessions, groups):
+    """The nearest-class-mean baseline on ``base``'s frozen backbone: accuracies and the
+    accuracy matrix, as :func:`_fscil_sessions`."""
+    emb_tr, y_tr = base.embed(sessions[0].train.x), np.asarray(sessions[0].train.y)
+    accs, R = [], np.full((len(sessions), len(sessions)), np.nan)
+    for s, task in enumerate(sessions):
+        if s > 0:
+            emb_tr = np.concatenate([emb_tr, base.embed(task.train.x)])
+            y_tr = np.concatenate([y_tr, np.asarray(task.train.y)])
+        emb_te, y_te = base.embed(task.test.x), np.asarray(task.test.y)
+        accs.append(_ncm_accuracy(emb_tr, y_tr, emb_te, y_te))
+        classes = np.unique(y_tr)
+        unit = lambda a: a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+        means = unit(np.stack([emb_tr[y_tr == c].mean(0) for c in classes]))
+        pred = classes[np.argmax(unit(emb_te) @ means.T, axis=1)]
+        for j, g in enumerate(groups[:s + 1]):
+            m = np.isin(y_te, g)
+            R[s, j] = 100.0 * float((pred[m] == y_te[m]).mean())
+    return accs, R
+
+
+def _fscil_record(curves, forget, name: str, accs, R, ctx: RunContext, run: int) -> None:
+    from ppl_cl.metrics import forgetting
+
+    curves[name].append(accs)
+    forget[name].append([forgetting(R[:k + 1, :k + 1]) for k in range(1, R.shape[0])])
+    ctx.log(f"run {run} {name}: " + ", ".join(f"{a:.1f}" for a in accs))
+
+
+def _fscil_summary(config: GPTreeFSCILConfig, curves_np: dict, forget_np: dict, names) -> dict:
+    """Final and per-session accuracies (mean, SEM over runs) and the last forgetting."""
     main = "gptree" if "gptree" in curves_np else names[0]
     session_acc = curves_np[main].mean(0)
     summary: dict = {"dataset": config.dataset, "runs": config.runs,
@@ -743,9 +781,4 @@ def run_gptree_fscil(config: GPTreeFSCILConfig, ctx: RunContext) -> dict:
         for s in range(v.shape[1]):
             summary[f"acc_{tag}_session{s + 1}"] = float(v.mean(0)[s])
         summary[f"forgetting_{tag}"] = float(np.nanmean(forget_np[k][:, -1]))
-    ctx.savefig(fscil_figure(curves_np, forget_np, FSCIL_LABELS), "sessions")
-    return {"summary": summary,
-            "curves": {k: v.tolist() for k, v in curves_np.items()},
-            "forgetting": {k: v.tolist() for k, v in forget_np.items()},
-            "units": "test accuracy in percent over all classes seen; forgetting in points "
-                     "(Chaudhry et al. 2018, over session groups)"}
+    return summary

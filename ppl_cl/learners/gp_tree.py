@@ -7,7 +7,9 @@ class-incremental protocol.
 internal node, by Gibbs (:class:`inference.pg_gibbs.PGGibbs`; nodes of a tree level in one
 batched call) or by VI (:class:`inference.pg_vi.PGVI`, class-wise inducing inputs initialized
 by k-means, kernel / inducing inputs / backbone by SGD on the per-node weighted negative ELBO,
-App. C.2; with a backbone, cross-entropy pre-training first, Sect. 3.3). Every later call is a
+App. C.2; with a backbone, cross-entropy pre-training first, Sect. 3.3; both phases are
+:class:`inference.gp_tree_vi.SGDEngine` driven by :func:`inference.loop.run_loop`, with its
+snapshots, exact resume and early stopping). Every later call is a
 **novel session** of new classes (Sect. 3.4): the backbone is frozen, novel examples are kept
 as embeddings, and the tree grows by ``config.fscil_tree``:
 
@@ -36,7 +38,10 @@ import torch
 from torch import nn
 
 from inference.pg_gibbs import PGGibbs, pad_problems, unpad
-from inference.pg_vi import PGVI, VIBatch, VIState
+from inference.gp_tree_vi import (CrossEntropyLoss, SGDEngine, TreeELBOLoss, TreeNode,
+                                  module_params)
+from inference.loop import (LoopConfig, LoopResult, NoImprovement, run_loop, state_from_tree,
+                            state_to_tree)
 from models.backbones_torch import make_backbone
 from models.gp_tree import (NaturalParams, NodeKernelParams, gibbs_predictive,
                             gibbs_predictive_cache, natural_to_moments, node_gram, node_kernel,
@@ -51,7 +56,8 @@ from ppl_cl.trees import (ClassTree, chain_tree, class_probabilities, class_prot
 
 from ppl_cl.errors import NotFittedError
 
-__all__ = ["GPTree", "SBMGP", "NotFittedError", "class_exemplars"]
+__all__ = ["GPTree", "SBMGP", "NotFittedError", "class_exemplars", "cross_entropy_engine",
+           "fit_cross_entropy"]
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -82,6 +88,13 @@ def class_exemplars(x: np.ndarray, y: np.ndarray, classes, per_class: int, n_ini
 
 
 @torch.no_grad()
+def _load_module(module: nn.Module, prefix: str, params: dict) -> None:
+    """Copy ``params[prefix.name]`` into the parameters of ``module``."""
+    for name, p in module.named_parameters():
+        p.copy_(params[f"{prefix}.{name}"])
+
+
+@torch.no_grad()
 def _embed(backbone: nn.Module | None, x: torch.Tensor) -> torch.Tensor:
     """``backbone(x)`` in eval mode, in blocks of 4096 rows (``x`` itself without a backbone)."""
     if backbone is None:
@@ -90,6 +103,34 @@ def _embed(backbone: nn.Module | None, x: torch.Tensor) -> torch.Tensor:
     if not x.shape[0]:
         return backbone(x)
     return torch.cat([backbone(x[i:i + 4096]) for i in range(0, x.shape[0], 4096)])
+
+
+def cross_entropy_engine(backbone: nn.Module, head: nn.Module, config: GPTreeConfig
+                         ) -> tuple[SGDEngine, Any]:
+    """:class:`inference.gp_tree_vi.SGDEngine` on ``CE(head(backbone(x)), y)`` with the SGD
+    settings of ``config`` (learning rate, momentum, weight decay, MultiStepLR milestones with
+    decay 0.1; App. C.2-C.3), and its initial state at the modules' weights."""
+    params = {**module_params("backbone", backbone), **module_params("head", head)}
+    engine = SGDEngine(CrossEntropyLoss(backbone, head), list(params), config.learning_rate,
+                       config.momentum, config.weight_decay, config.milestones, gamma=0.1)
+    return engine, engine.init(None, params)
+
+
+def fit_cross_entropy(backbone: nn.Module, head: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                      config: GPTreeConfig, seed: int, epochs: int, **loop: Any) -> LoopResult:
+    """Train ``head(backbone(x))`` on class indices ``y`` by cross-entropy for ``epochs``
+    epochs of ``config.batch_size`` rows in an order seeded by ``seed``
+    (:func:`cross_entropy_engine` driven by :func:`inference.loop.run_loop`; ``loop``: its
+    keywords: snapshot, snapshot_every_s, resume, order, on_epoch). GP-Tree's pre-training
+    (Sect. 3.3) and the softmax network of Table 2; the modules keep the trained weights."""
+    engine, state = cross_entropy_engine(backbone, head, config)
+    backbone.train()
+    res = run_loop(engine, state, (x, y), LoopConfig(batch_size=config.batch_size,
+                                                     max_epochs=epochs, keep="last", seed=seed,
+                                                     desc="cross-entropy"), **loop)
+    _load_module(backbone, "backbone", res.final.engine.params)
+    _load_module(head, "head", res.final.engine.params)
+    return res
 
 
 class GPTree(Learner):
@@ -221,16 +262,10 @@ class GPTree(Learner):
                 kappas.append(yi.to(self.dtype) - 0.5)
                 Xs.append(Xi)
             problem = pad_problems(Ks, kappas, Ls)
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(self._draw_seed(g))
-            state = engine.init(problem, gen)
-            f_trace, lm_trace = [], []
-            for _ in range(c.num_steps):
-                state, info = engine.step(None, state, problem)
-                f_trace.append(state.f)
-                lm_trace.append(info.log_marginal)
-            f_all = torch.stack(f_trace)                              # (S, G, C, n)
-            lm_all = torch.stack(lm_trace)                            # (S, G, C)
+            state, _, draws = engine.run(problem, c.num_steps, seed=self._draw_seed(g),
+                                         keep=True)
+            f_all = draws["f"]                                        # (S, G, C, n)
+            lm_all = draws["log_marginal"]                            # (S, G, C)
             for gi, i in enumerate(ids):
                 n = Xs[gi].shape[0]
                 out[i] = {"kind": "gibbs", "X": Xs[gi], "kappa": kappas[gi],
@@ -240,137 +275,186 @@ class GPTree(Learner):
         return out
 
     # -- VI / DKL base session -------------------------------------------------------------------
-    def _fit_vi(self, x: torch.Tensor, y: np.ndarray, classes: tuple[int, ...],
-                g: torch.Generator, on_epoch=None) -> dict[str, Any]:
+    def _init_network(self, input_dim: int, num_classes: int, g: torch.Generator):
+        """The backbone and its softmax head (None, None without a backbone), initialized
+        under torch's global generator seeded from ``g`` (restored afterwards)."""
         c = self.config
-        record: dict[str, Any] = {}
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self._draw_seed(g) % (2**63))
             backbone = None if c.backbone == "none" else make_backbone(
-                c.backbone, x.shape[1], c.hidden, c.embedding_dim).to(self.device, self.dtype)
-            head = None if backbone is None else nn.Linear(c.embedding_dim, len(classes)).to(
+                c.backbone, input_dim, c.hidden, c.embedding_dim).to(self.device, self.dtype)
+            head = None if backbone is None else nn.Linear(c.embedding_dim, num_classes).to(
                 self.device, self.dtype)
-        y_t = torch.as_tensor(y, device=self.device)
-        cls_index = {cl: k for k, cl in enumerate(classes)}
-        y_idx = torch.as_tensor([cls_index[int(v)] for v in y], device=self.device)
-        N = x.shape[0]
-        params: list[nn.Parameter] = []
-        if backbone is not None:
-            params += list(backbone.parameters()) + list(head.parameters())
-        shuffle = torch.Generator()
-        shuffle.manual_seed(self._draw_seed(g))
-        losses: list[float] = []
+        return backbone, head
 
-        def batches():
-            perm = torch.randperm(N, generator=shuffle).to(self.device)
-            for s in range(0, N, c.batch_size):
-                yield perm[s:s + c.batch_size]
+    def _sgd(self, loss, params: dict, trainable, learning_rate: float,
+             milestones) -> tuple[SGDEngine, Any]:
+        c = self.config
+        engine = SGDEngine(loss, trainable, learning_rate, c.momentum, c.weight_decay,
+                           milestones, gamma=0.1)
+        return engine, engine.init(None, params)
 
-        # cross-entropy pre-training (Sect. 3.3, App. C.3)
-        lr = c.learning_rate
-        if backbone is not None and c.pretrain_epochs:
-            opt = torch.optim.SGD(params, lr=lr, momentum=c.momentum, weight_decay=c.weight_decay)
-            sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=list(c.milestones), gamma=0.1)
-            ce = nn.CrossEntropyLoss()
-            for _ in range(c.pretrain_epochs):
-                backbone.train()
-                tot = 0.0
-                for idx in batches():
-                    opt.zero_grad()
-                    loss = ce(head(backbone(x[idx])), y_idx[idx])
-                    loss.backward()
-                    opt.step()
-                    tot += float(loss.detach()) * idx.numel()
-                sched.step()
-                losses.append(tot / N)
-                if on_epoch is not None:
-                    on_epoch("pre-training", len(losses), losses[-1])
-            lr_now = sched.get_last_lr()[0]
+    def _pretrain(self, backbone, head, x, y_idx, order_seed: int, loop: dict
+                  ) -> tuple[list[float], Any, float]:
+        """Cross-entropy pre-training (Sect. 3.3, App. C.3; :func:`fit_cross_entropy`) for
+        ``config.pretrain_epochs``, snapshots and resume from ``loop``. Returns the epoch
+        losses, the minibatch-order state and the learning rate after the epochs."""
+        c = self.config
+        engine, state = cross_entropy_engine(backbone, head, c)
+        resume = loop.get("resume")
+        if resume is not None and resume["phase"] == "gp":       # pre-training was done
+            final = state_from_tree(resume["pretrain"], state)
+            _load_module(backbone, "backbone", final.engine.params)
         else:
-            lr_now = lr
-        feats = _embed(backbone, x)
-        feats_np = as_numpy(feats).astype(np.float64)
-        tree = self._build_tree(feats_np, y, classes, self._draw_seed(g) % (2**32))
-        ex, ex_y = class_exemplars(feats_np, y, classes, c.inducing_per_class,
+            snap, on_epoch = loop.get("snapshot"), loop.get("on_epoch")
+            final = fit_cross_entropy(
+                backbone, head, x, y_idx, c, order_seed, c.pretrain_epochs,
+                snapshot=snap and (lambda ls: snap({"phase": "pretrain", "pretrain": None,
+                                                    "loop": state_to_tree(ls)})),
+                snapshot_every_s=loop.get("snapshot_every_s", 600.0),
+                resume=None if resume is None else state_from_tree(resume["loop"], state),
+                on_epoch=on_epoch and (lambda e, v: on_epoch("pre-training", e, v))).final
+        loop["pretrain_tree"] = state_to_tree(final)
+        return list(final.epoch_losses), final.order, engine.lr(c.pretrain_epochs)
+
+    def _loop_config(self, epochs: int, seed: int, keep: str) -> LoopConfig:
+        c = self.config
+        stopping = NoImprovement(c.patience) if c.patience and keep == "best" else None
+        return LoopConfig(batch_size=c.batch_size, max_epochs=epochs, stopping=stopping,
+                          keep=keep, seed=seed, desc="GP-Tree")
+
+    def _tree_loss(self, tree: ClassTree, y: np.ndarray, classes, backbone, feats
+                   ) -> tuple[TreeELBOLoss, dict, list, torch.Tensor, dict]:
+        """The per-node weighted negative ELBO (App. C.2) of ``tree``: the loss, its
+        parameters (backbone, inducing inputs, log kernel scales), the trained names, the
+        positions of every point among each node's points ``(N, nodes)``, the nodes' states."""
+        c = self.config
+        N = y.shape[0]
+        ex, ex_y = class_exemplars(feats, y, classes, c.inducing_per_class,
                                    n_init=c.inducing_kmeans_n_init)
         M, d = c.inducing_per_class, feats.shape[1]
-        inducing = nn.Parameter(self._tensor(ex).reshape(len(classes), M, d),
-                                requires_grad=c.learn_inducing)
         rows = {cl: k for k, cl in enumerate(classes)}
-        engine = PGVI(c.natural_lr)
-        internal = tree.internal_nodes()
-        node_pos, node_n, node_params, states = {}, {}, {}, {}
-        for i in internal:
+        params = {**module_params("backbone", backbone),
+                  "inducing": self._tensor(ex).reshape(len(classes), M, d)}
+        trainable = list(module_params("backbone", backbone))
+        trainable += ["inducing"] if c.learn_inducing else []
+        specs, positions, num_inducing = {}, [], {}
+        for j, i in enumerate(tree.internal_nodes()):
             sel = np.isin(y, tree.nodes[i].classes)
             pos = np.full(N, -1, dtype=np.int64)
             pos[sel] = np.arange(int(sel.sum()))
-            node_pos[i] = torch.as_tensor(pos, device=self.device)
-            node_n[i] = int(sel.sum())
-            node_params[i] = (
-                nn.Parameter(torch.tensor(float(np.log(c.vi_outputscale)), dtype=self.dtype,
-                                          device=self.device), requires_grad=c.learn_kernel),
-                nn.Parameter(torch.tensor(float(np.log(c.lengthscale)), dtype=self.dtype,
-                                          device=self.device), requires_grad=c.learn_kernel))
-            m = M * len(tree.nodes[i].classes)
-            states[i] = engine.init(node_n[i], m, self.dtype, self.device)
-        right = {i: torch.as_tensor(tree.right_classes(i), device=self.device) for i in internal}
-        gp_params = [inducing] if c.learn_inducing else []
-        for i in internal:
-            gp_params += [p for p in node_params[i] if p.requires_grad]
-        opt = torch.optim.SGD(params + gp_params, lr=lr_now, momentum=c.momentum,
-                              weight_decay=c.weight_decay)
+            positions.append(torch.as_tensor(pos, device=self.device))
+            specs[str(i)] = TreeNode(j, torch.as_tensor(tree.right_classes(i), device=self.device),
+                                     tuple(rows[cl] for cl in tree.nodes[i].classes),
+                                     int(sel.sum()))
+            for name, value in (("log_outputscale", c.vi_outputscale),
+                                ("log_lengthscale", c.lengthscale)):
+                params[f"{i}.{name}"] = torch.tensor(float(np.log(value)), dtype=self.dtype,
+                                                     device=self.device)
+                trainable += [f"{i}.{name}"] if c.learn_kernel else []
+            num_inducing[str(i)] = M * len(tree.nodes[i].classes)
+        loss = TreeELBOLoss(specs, backbone, c.natural_lr, c.kernel, c.vi_jitter)
+        nodes = loss.init_nodes(num_inducing, self.dtype, self.device)
+        extra = {"rows": rows, "exemplar_labels": ex_y}
+        return loss, params, trainable, torch.stack(positions, dim=1), {**extra, "nodes": nodes}
+
+    def _fit_vi(self, x: torch.Tensor, y: np.ndarray, classes: tuple[int, ...],
+                g: torch.Generator, loop: dict) -> dict[str, Any]:
+        """VI / DKL base session: pre-training (with a backbone), the tree from the features,
+        then the tree loss (App. C.2) by :class:`inference.gp_tree_vi.SGDEngine` under
+        :func:`inference.loop.run_loop` (``loop``: on_epoch, snapshot, snapshot_every_s,
+        resume, validation; see :meth:`update`)."""
+        c = self.config
+        backbone, head = self._init_network(x.shape[1], len(classes), g)
+        y_t = torch.as_tensor(y, device=self.device)
+        cls_index = {cl: k for k, cl in enumerate(classes)}
+        y_idx = torch.as_tensor([cls_index[int(v)] for v in y], device=self.device)
+        order_seed = self._draw_seed(g)
+        losses, order, lr_now = [], None, c.learning_rate
+        if backbone is not None and c.pretrain_epochs:
+            losses, order, lr_now = self._pretrain(backbone, head, x, y_idx, order_seed, loop)
+        feats_np = as_numpy(_embed(backbone, x)).astype(np.float64)
+        tree = self._build_tree(feats_np, y, classes, self._draw_seed(g) % (2**32))
+        loss, params, trainable, positions, extra = self._tree_loss(tree, y, classes, backbone,
+                                                                    feats_np)
         remaining = [m - c.pretrain_epochs for m in c.milestones if m > c.pretrain_epochs]
-        sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=remaining, gamma=0.1)
-        gp_losses: list[float] = []
-        for _ in range(c.epochs - c.pretrain_epochs):
+        engine, state = self._sgd(loss, params, trainable, lr_now, remaining)
+        state = state._replace(nodes=extra["nodes"])
+        res = self._run_tree_loop(engine, state, (x, y_t, positions), order_seed, order,
+                                  len(losses), tree, backbone, extra["rows"], classes, loop)
+        kept = res.state
+        if backbone is not None:
+            _load_module(backbone, "backbone", kept.params)
+            backbone.train()
+        nodes = {i: {"kind": "vi", "eta": kept.nodes[str(i)].eta.detach(),
+                     "H": kept.nodes[str(i)].H.detach(), "c": kept.nodes[str(i)].c.detach(),
+                     "log_outputscale": kept.params[f"{i}.log_outputscale"].detach().clone(),
+                     "log_lengthscale": kept.params[f"{i}.log_lengthscale"].detach().clone()}
+                 for i in tree.internal_nodes()}
+        inducing = kept.params["inducing"].detach()
+        record = {"pretrain_losses": losses, "gp_losses": list(res.epoch_losses),
+                  "final_loss": res.epoch_losses[-1] if res.epoch_losses else None,
+                  "gp_epochs": res.epochs, "stopped_early": res.stopped_early,
+                  "kept_epoch": res.kept_epoch}
+        return {"tree": tree, "nodes": nodes, "inducing": inducing.clone(),
+                "rows": extra["rows"], "backbone": backbone, "record": record,
+                "exemplars": inducing.reshape(-1, inducing.shape[-1]).clone(),
+                "exemplar_labels": torch.as_tensor(extra["exemplar_labels"], device=self.device)}
+
+    def _run_tree_loop(self, engine, state, data, order_seed, order, done_epochs, tree,
+                       backbone, rows, classes, loop: dict):
+        """:func:`inference.loop.run_loop` over the tree loss for ``epochs - pretrain_epochs``
+        epochs, continuing the pre-training's minibatch order; with ``loop["validation"]``
+        (a Batch) the accuracy on it after every epoch, the best epoch kept and
+        ``config.patience`` validations without a new best stop the loop."""
+        c = self.config
+        resume, snap, on_epoch = loop.get("resume"), loop.get("snapshot"), loop.get("on_epoch")
+        val = loop.get("validation")
+        validate = None if val is None else (
+            lambda s: self._vi_accuracy(s, tree, backbone, rows, classes, val))
+        if backbone is not None:
+            backbone.train()
+        return run_loop(
+            engine, state, data,
+            self._loop_config(c.epochs - c.pretrain_epochs, order_seed,
+                              "last" if val is None else "best"),
+            validate=validate, order=order,
+            snapshot=snap and (lambda ls: snap({"phase": "gp",
+                                                "pretrain": loop.get("pretrain_tree"),
+                                                "loop": state_to_tree(ls)})),
+            snapshot_every_s=loop.get("snapshot_every_s", 600.0),
+            resume=None if resume is None or resume["phase"] != "gp"
+            else state_from_tree(resume["loop"], state),
+            on_epoch=on_epoch and (lambda e, v: on_epoch("GP-Tree", done_epochs + e, v)))
+
+    @torch.no_grad()
+    def _vi_accuracy(self, state, tree, backbone, rows, classes, val: Batch) -> float:
+        """Accuracy on ``val`` of the tree at the engine state ``state`` (early stopping)."""
+        saved = (self.tree, self.nodes, self.inducing, self.inducing_rows, self.backbone,
+                 self._cache, self.seen_classes)
+        try:
             if backbone is not None:
-                backbone.train()
-            tot, count = 0.0, 0
-            for idx in batches():
-                opt.zero_grad()
-                z = x[idx] if backbone is None else backbone(x[idx])
-                yb = y_t[idx]
-                loss = z.new_zeros(())
-                for i in internal:
-                    pos = node_pos[i][idx]
-                    sel = pos >= 0
-                    if not bool(sel.any()):
-                        continue
-                    zb = z[sel]
-                    kap = torch.isin(yb[sel], right[i]).to(self.dtype) - 0.5
-                    Zbar = inducing[[rows[cl] for cl in tree.nodes[i].classes]].reshape(-1, d)
-                    kp = NodeKernelParams(node_params[i][0].exp(), node_params[i][1].exp(),
-                                          c.vi_jitter, c.kernel)
-                    k = node_kernel(kp)
-                    K_mm = k(Zbar) + c.vi_jitter * torch.eye(Zbar.shape[0], dtype=self.dtype,
-                                                             device=self.device)
-                    vb = VIBatch(K_mm, k(Zbar, zb), k.diag(zb) + c.vi_jitter, kap, pos[sel],
-                                 node_n[i])
-                    states[i], info = engine.step(None, states[i], vb)
-                    loss = loss + info.loss
-                loss.backward()
-                opt.step()
-                tot += float(loss.detach()) * idx.numel()
-                count += idx.numel()
-            sched.step()
-            gp_losses.append(tot / max(count, 1))
-            if on_epoch is not None:
-                on_epoch("GP-Tree", len(losses) + len(gp_losses), gp_losses[-1])
-        nodes = {}
-        for i in internal:
-            nodes[i] = {"kind": "vi", "eta": states[i].eta.detach(), "H": states[i].H.detach(),
-                        "c": states[i].c.detach(),
-                        "log_outputscale": node_params[i][0].detach().clone(),
-                        "log_lengthscale": node_params[i][1].detach().clone()}
-        record.update(pretrain_losses=losses, gp_losses=gp_losses,
-                      final_loss=gp_losses[-1] if gp_losses else None)
-        return {"tree": tree, "nodes": nodes, "inducing": inducing.detach().clone(),
-                "rows": rows, "backbone": backbone, "record": record,
-                "exemplars": inducing.detach().reshape(-1, d).clone(),
-                "exemplar_labels": torch.as_tensor(ex_y, device=self.device)}
+                _load_module(backbone, "backbone", state.params)
+            self.tree, self.backbone, self.inducing_rows = tree, backbone, rows
+            self.inducing, self.seen_classes, self._cache = state.params["inducing"], classes, {}
+            self.nodes = {i: {"kind": "vi", "eta": state.nodes[str(i)].eta,
+                              "H": state.nodes[str(i)].H,
+                              "log_outputscale": state.params[f"{i}.log_outputscale"],
+                              "log_lengthscale": state.params[f"{i}.log_lengthscale"]}
+                          for i in tree.internal_nodes()}
+            xt = self._tensor(as_numpy(val.x))
+            feats = self._features(xt)
+            probs = class_probabilities(tree, self.node_probabilities(feats), self.num_classes,
+                                        feats)
+            return float((probs.argmax(1).cpu().numpy() == as_numpy(val.y)).mean())
+        finally:
+            (self.tree, self.nodes, self.inducing, self.inducing_rows, self.backbone,
+             self._cache, self.seen_classes) = saved
 
     # -- the protocol ----------------------------------------------------------------------------
-    def update(self, batch: Batch, *, classes=None, on_epoch=None) -> dict[str, Any]:
+    def update(self, batch: Batch, *, classes=None, on_epoch=None, validation: Batch | None = None,
+               snapshot=None, snapshot_every_s: float = 600.0, resume: dict | None = None
+               ) -> dict[str, Any]:
         """Base session (first call) or novel session (later calls); see the module docstring.
 
         Args:
@@ -379,12 +463,23 @@ class GPTree(Learner):
             on_epoch: ``on_epoch(phase, epoch, loss)`` after every epoch of a VI base session
                 (``phase`` ``"pre-training"``: cross-entropy; ``"GP-Tree"``: the per-node
                 negative ELBO), e.g. a progress log line.
+            validation: a VI base session only: a labelled Batch whose accuracy is measured
+                after every epoch of the tree loss; the best epoch's state is kept and
+                ``config.patience`` (> 0) epochs without a new best stop the fit early.
+            snapshot: a VI base session only: ``snapshot(tree)`` receives, every
+                ``snapshot_every_s`` seconds (after an epoch), a tree of arrays
+                (``ppl_cl.persist.save_tree`` can write it) from which
+                ``update(batch, resume=tree)`` on a fresh learner of the same config
+                continues and ends bit-identical to the uninterrupted update.
+            resume: such a tree.
 
         Returns:
             ``session``, ``classes``, ``nodes_fitted``, ``tree_depth``, ``wall_time_s`` (and
-            for a VI base session ``pretrain_losses``, ``gp_losses``, ``final_loss``).
+            for a VI base session ``pretrain_losses``, ``gp_losses``, ``final_loss``,
+            ``gp_epochs``, ``stopped_early``, ``kept_epoch``).
         """
         batch, y, present = self._check_batch(batch, classes)
+        self._check_loop_args(validation, snapshot, resume, present, batch)
         t0 = time.perf_counter()
         g = self._generator()
         x = self._tensor(batch.x)
@@ -401,7 +496,9 @@ class GPTree(Learner):
                        "backbone": None, "record": {}, "exemplars": self._tensor(ex),
                        "exemplar_labels": torch.as_tensor(ex_y, device=self.device)}
             else:
-                new = self._fit_vi(x, y, present, g, on_epoch=on_epoch)
+                new = self._fit_vi(x, y, present, g, loop={
+                    "on_epoch": on_epoch, "validation": validation, "snapshot": snapshot,
+                    "snapshot_every_s": snapshot_every_s, "resume": resume})
             # commit
             self.tree = self.base_tree = new["tree"]
             self.nodes = dict(new["nodes"])
@@ -428,6 +525,25 @@ class GPTree(Learner):
         record["tree_depth"] = self.tree.depth()
         record["wall_time_s"] = time.perf_counter() - t0
         return record
+
+    def _check_loop_args(self, validation, snapshot, resume, present, batch) -> None:
+        given = [k for k, v in (("validation", validation), ("snapshot", snapshot),
+                                ("resume", resume)) if v is not None]
+        if given and not (self.tree is None and self.config.inference == "vi"):
+            raise ValueError(f"{', '.join(given)}: only a VI base session runs the epoch loop "
+                             "(Gibbs sessions have no epochs)")
+        if validation is not None:
+            if not isinstance(validation, Batch):
+                raise TypeError(f"validation: expected a ppl_cl.Batch, received "
+                                f"{type(validation).__name__}")
+            validation.validate(input_dim=int(as_numpy(batch.x).shape[1]))
+            unknown = sorted(set(np.unique(as_numpy(validation.y)).tolist()) - set(present))
+            if unknown:
+                raise ValueError(f"validation: labels {unknown} are not classes of the session")
+        if resume is not None and (not isinstance(resume, dict) or resume.get("phase")
+                                   not in ("pretrain", "gp")):
+            raise ValueError("resume: expected a snapshot tree of GPTree.update (a dict with "
+                             "phase 'pretrain' or 'gp')")
 
     def _novel_session(self, feats: torch.Tensor, y: np.ndarray, present, g):
         c = self.config
