@@ -223,7 +223,7 @@ class GPTree(Learner):
             problem = pad_problems(Ks, kappas, Ls)
             gen = torch.Generator(device=self.device)
             gen.manual_seed(self._draw_seed(g))
-            state = engine.init(problem, gen)
+            state = engine.init(gen.get_state(), problem)
             f_trace, lm_trace = [], []
             for _ in range(c.num_steps):
                 state, info = engine.step(None, state, problem)
