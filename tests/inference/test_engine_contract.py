@@ -395,3 +395,26 @@ def test_every_engine_is_covered():
     """A new engine class of ``inference/`` (a class with ``init`` and ``step``) must be added to
     :data:`CASES`."""
     assert _engine_classes() == set(CASES)
+
+
+TORCH_ENGINES = ["inference.svi.SVI", "inference.pg_gibbs.PGGibbs",
+                 "inference.pg_multiclass.LSMGibbs", "inference.pg_multiclass.OVEGibbs"]
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n.rsplit(".", 1)[1]) for n in TORCH_ENGINES])
+def test_torch_engines_carry_their_generator_and_refuse_a_live_one(name, cases):
+    """``step(None, ...)`` continues from the state's generator (the same as passing that
+    state as ``rng``); an int seed and its generator state start the same; a live
+    ``torch.Generator`` is refused."""
+    from inference.base import torch_generator_state
+
+    case = _case(cases, name)
+    engine = case.make()
+    state = case.init(engine)
+    a, _ = engine.step(None, state, case.batch)
+    b, _ = engine.step(state.rng_state, state, case.batch)
+    assert_same(a, b)
+    assert_same(engine.step(3, state, case.batch)[0],
+                engine.step(torch_generator_state(3), state, case.batch)[0])
+    with pytest.raises(TypeError, match="live torch.Generator"):
+        engine.step(torch.Generator().manual_seed(0), state, case.batch)
