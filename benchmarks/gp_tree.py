@@ -174,7 +174,7 @@ def main(argv=None) -> dict:
         row: dict = {"node_size": size, "chains": args.chains, "sweeps_per_timing": n_sweeps}
         for scheme in ("torch", "polyagamma"):
             engine = PGGibbs(num_chains=args.chains, pg_sampler=scheme)
-            state = engine.init(problem, seed=0)
+            state = engine.init(0, problem)
 
             def run():
                 s = state

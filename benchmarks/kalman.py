@@ -316,11 +316,13 @@ def main(argv=None) -> dict:
             X, Y, s_w2, s2 = stream(m, K, n, args.dtype)
             if K == 1:
                 params = kf.KalmanParams(DriftPrior(s_w2), GaussianLikelihood(s2))
-                options = kf.FilterOptions(likelihood="gaussian", learn_forgetting=False)
+                options = kf.FilterOptions(learning_rate=0.1,
+                                           likelihood="gaussian", learn_forgetting=False)
             else:
                 params = kf.KalmanParams(DriftPrior(s_w2), SurrogateLikelihood(s2),
                                          SoftmaxLikelihood(1.0))
-                options = kf.FilterOptions(likelihood="softmax", learn_forgetting=False,
+                options = kf.FilterOptions(learning_rate=0.1,
+                                           likelihood="softmax", learn_forgetting=False,
                                            num_samples=1)
             state = kf.init(m, K, prior=params.prior, initial_forgetting=GAMMA, dtype=dtype)
             Xj, Yj = jnp.asarray(X), jnp.asarray(Y)

@@ -72,7 +72,7 @@ def run_ours(dataset: str, batches: int, scratch_min_m: int, data_dir: str | Non
         if prev is None:
             from ppl_cl.learners.vips import initial_params
 
-            state0 = gp.engine.init(initial_params(gp.config, bx.shape[1]), bx.shape[1])
+            state0 = gp.engine.init(None, initial_params(gp.config, bx.shape[1]), bx.shape[1])
         else:
             state0 = prev
         t = time.perf_counter()

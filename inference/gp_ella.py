@@ -429,7 +429,7 @@ def _contribution(s: np.ndarray, theta: np.ndarray, H: np.ndarray):
 class ELLAEngine:
     """(GP-)ELLA's online update on ``(theta_hat_t, H_t)`` (module docstring).
 
-    ``init(input_dim, rng) -> ELLAState`` draws ``L ~ N(0, 1)`` (Algorithm 1, first line);
+    Kind ``"host"`` (NumPy / SciPy). ``init(rng, input_dim) -> ELLAState`` draws ``L ~ N(0, 1)`` (Algorithm 1, first line);
     ``step(rng, state, (theta, H, slot)) -> (ELLAState, ELLAInfo)`` codes the task, updates
     the basis and re-draws zero columns with ``rng`` (a JAX PRNG key). Pure: the input state is
     not modified.
@@ -444,6 +444,8 @@ class ELLAEngine:
             same ``L`` to round-off, tested) instead of a Cholesky per alternation.
     """
 
+    kind = "host"
+
     def __init__(self, num_components: int, mu: float, lam: float, *,
                  max_inner_iterations: int = 5, inner_tolerance: float = 1e-6,
                  low_rank_min_size: int = 300) -> None:
@@ -454,7 +456,9 @@ class ELLAEngine:
         self.inner_tolerance = float(inner_tolerance)
         self.low_rank_min_size = int(low_rank_min_size)
 
-    def init(self, input_dim: int, rng: Any) -> ELLAState:
+    def init(self, rng: Any, input_dim: int) -> ELLAState:
+        """``L ~ N(0, 1)`` of shape ``(input_dim, k)`` drawn with the JAX key ``rng``, empty
+        sums and no task slots."""
         d, k = int(input_dim), self.k
         L = _standard_normal(rng, (d, k))
         return ELLAState(L, np.zeros((d * k, d * k)), np.zeros(d * k), 0.0, 0.0, 0,

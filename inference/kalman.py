@@ -129,10 +129,12 @@ class FilterOptions(NamedTuple):
     """Static (hashable) choices of the filter.
 
     Attributes:
+        learning_rate: rho, the SGD step size for delta; required (no default here: the tuned
+            value is ``forgetting_learning_rate`` of ``ppl_cl/configs/kalman.py``, the one place
+            of that default), and unused when ``learn_forgetting`` is ``False``.
         likelihood: ``"gaussian"`` (regression: the predictive of eq. 6 / App. B) or
             ``"softmax"`` (classification: Monte Carlo eq. 12-13 over the logits).
         learn_forgetting: online SGD on delta (eq. 9 / 16); ``False`` keeps gamma fixed.
-        learning_rate: rho, the SGD step size for delta.
         max_delta: upper clip of delta (``inf``: only ``delta >= 0`` as in the paper).
         num_samples: S, Monte Carlo samples of the logits (softmax only).
         mean_preserving: App. C variant ``M^- = M`` (no shrinkage of the mean).
@@ -141,9 +143,9 @@ class FilterOptions(NamedTuple):
             plain eq. 12 (alpha = 1).
     """
 
+    learning_rate: float
     likelihood: str = "gaussian"
     learn_forgetting: bool = True
-    learning_rate: float = 0.1
     max_delta: float = math.inf
     num_samples: int = 16
     mean_preserving: bool = False
@@ -791,8 +793,9 @@ def chunk_update(rng_key: Array, state: KalmanState, features: Array, targets: A
 # the engine (inference/base.py contract)
 # ---------------------------------------------------------------------------------------------
 class KalmanFilter:
-    """The Kalman filter of the drift model as an engine of :mod:`inference.base`:
-    ``init(...) -> KalmanState`` and ``step(rng, state, batch) -> (KalmanState, ChunkInfo)``.
+    """The Kalman filter of the drift model as an engine of :mod:`inference.base` (kind
+    ``"jax"``): ``init(rng, num_features, ...) -> KalmanState`` (deterministic: ``rng`` is
+    ignored) and ``step(rng, state, batch) -> (KalmanState, ChunkInfo)``.
 
     One ``step`` is one chunk of the App. D.2 recursion (:func:`chunk_update`): ``batch`` is
     ``(features (b, m), targets)`` or ``(features, targets, mask)``; a chunk of one point with
@@ -809,6 +812,8 @@ class KalmanFilter:
         method: ``"blocked"`` or ``"sequential"``.
     """
 
+    kind = "jax"
+
     def __init__(self, params: KalmanParams, options: FilterOptions, *,
                  transition: str = "always", block_size: int | None = None,
                  method: str = "blocked") -> None:
@@ -816,9 +821,10 @@ class KalmanFilter:
         self.params, self.options = params, options
         self.transition, self.block_size, self.method = transition, block_size, method
 
-    def init(self, num_features: int, num_outputs: int = 1, *, initial_forgetting: float = 1.0,
-             dtype: Any = jnp.float64) -> KalmanState:
-        """:func:`init` with this engine's prior."""
+    def init(self, rng: Any, num_features: int, num_outputs: int = 1, *,
+             initial_forgetting: float = 1.0, dtype: Any = jnp.float64) -> KalmanState:
+        """:func:`init` with this engine's prior (``rng`` is unused: the prior is fixed)."""
+        del rng
         return init(num_features, num_outputs, prior=self.params.prior,
                     initial_forgetting=initial_forgetting, dtype=dtype)
 

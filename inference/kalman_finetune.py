@@ -1,5 +1,6 @@
 """The chunked Kalman online learner of Titsias et al. (2024), App. D.2:
-fine-tuning of the representation and the calibration, then the Kalman recursion, as one engine.
+fine-tuning of the representation and the calibration, then the Kalman recursion, as one engine
+of :mod:`inference.base` of kind ``"jax"`` (``init(rng, *, input_dim)``; ``step`` is pure JAX).
 
 For a chunk ``S_n = {(x_i, y_i)}`` (plus ``replay_size`` points drawn from the memory of the
 most recent points, App. D.4):
@@ -134,6 +135,8 @@ class KalmanFinetune:
             softmax or the Gaussian objective).
         options: :class:`FinetuneOptions`.
     """
+
+    kind = "jax"
 
     def __init__(self, init_theta: Callable[[Array], Any], features: Callable[[Any, Array], Array],
                  num_features: int, num_outputs: int, params: kf.KalmanParams,

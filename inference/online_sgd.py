@@ -1,6 +1,7 @@
 """Online SGD on a softmax classifier: the baseline of Titsias et al. (2024), Sect. 4.2 (the
 "Online SGD" of Bornschein et al. 2022), as an engine of
-:mod:`inference.base`.
+:mod:`inference.base` of kind ``"jax"`` (``init(rng, *, input_dim)``; ``step`` is pure JAX and
+scans).
 
 The model is ``p(y = k | x) = softmax(phi(x; theta)^T W + b)_k``; each chunk (plus
 ``replay_size`` points from the memory of the most recent points, App. D.4) takes one SGD step
@@ -48,6 +49,8 @@ class OnlineSGD:
         learning_rate: the SGD step size.
         replay_capacity / replay_size: memory size (0: no replay) and points replayed per chunk.
     """
+
+    kind = "jax"
 
     def __init__(self, init_theta: Callable[[Array], Any], features: Callable[[Any, Array], Array],
                  num_features: int, num_classes: int, learning_rate: float,

@@ -8,10 +8,12 @@ The sampler of GP-Tree (Achituve et al. 2021, Sect. 2.3 / 3.2, eq. 4) for any no
 The Gaussian draw is :func:`models.gp_tree.sample_f_given_omega` (Matheron's rule with one
 Cholesky of ``I + S K S`` per chain, ``S = diag(sqrt(omega))``).
 
-Engine contract (``init(...) -> State``, ``step(rng, state, problem) -> (State, Info)``,
-NamedTuples of tensors, randomness explicit): the torch ``Generator`` state (uint8 tensor) lives
-in :class:`GibbsState`, so ``rng`` is unused (pass ``None``) and the same state gives the same
-chain. The state is ``(f, omega)`` for ``C`` parallel chains of ``G`` nodes:
+Engine contract of :mod:`inference.base` (kind ``"host"``; ``init(rng, problem) -> State``,
+``step(rng, state, problem) -> (State, Info)``, NamedTuples of tensors, randomness explicit):
+``init`` takes an ``int`` seed or a torch generator state as ``rng``; the generator state
+(uint8 tensor) then lives in :class:`GibbsState`, so ``step(None, ...)`` continues the chain
+from it and the same state gives the same chain, while ``step(rng, ...)`` with a seed or a
+generator state draws from that instead. The state is ``(f, omega)`` for ``C`` parallel chains of ``G`` nodes:
 
 * ``G`` nodes of one tree level are sampled in one batched call: :func:`pad_problems` stacks
   their covariances into ``(G, n_max, n_max)`` with an identity block on the padding and
@@ -36,6 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from inference.base import torch_generator, torch_rng_state
 from inference.polya_gamma import random_polyagamma, random_polyagamma_reference
 from models.gp_tree import sample_f_given_omega
 
@@ -138,6 +141,8 @@ class PGGibbs:
         pg_sampler: ``"torch"`` (on-device exact sampler) or ``"polyagamma"`` (host reference).
     """
 
+    kind = "host"
+
     def __init__(self, num_chains: int = 30, pg_sampler: Literal["torch", "polyagamma"] = "torch"):
         if not isinstance(num_chains, int) or num_chains < 1:
             raise ValueError(f"num_chains: expected an int >= 1, received {num_chains!r}")
@@ -147,13 +152,6 @@ class PGGibbs:
         self.pg_sampler = pg_sampler
         self._workspace = Workspace()
 
-    # -- randomness ----------------------------------------------------------------------------
-    @staticmethod
-    def _generator(state_bytes: Tensor, device: torch.device) -> torch.Generator:
-        g = torch.Generator(device=device)
-        g.set_state(state_bytes)
-        return g
-
     def _omega(self, f: Tensor, g: torch.Generator) -> Tensor:
         if self.pg_sampler == "torch":
             return random_polyagamma(1, f, g, validate=False)
@@ -162,14 +160,11 @@ class PGGibbs:
         return random_polyagamma_reference(1, f, seed=np.random.default_rng(seed))
 
     # -- contract ------------------------------------------------------------------------------
-    def init(self, problem: GibbsProblem, seed: int | torch.Generator = 0) -> GibbsState:
-        """Chains started at ``f ~ N(0, K)``, ``omega ~ PG(1, f)``."""
+    def init(self, rng: int | Tensor, problem: GibbsProblem) -> GibbsState:
+        """Chains started at ``f ~ N(0, K)``, ``omega ~ PG(1, f)``; ``rng``: an int seed (a
+        generator on the device of ``problem`` seeded with it) or a generator state."""
         device = problem.L.device
-        if isinstance(seed, torch.Generator):
-            g = seed
-        else:
-            g = torch.Generator(device=device)
-            g.manual_seed(int(seed))
+        g = torch_generator(torch_rng_state(rng, device), device)
         G, n = problem.kappa.shape
         eps = torch.randn(G, self.num_chains, n, dtype=problem.L.dtype, device=device, generator=g)
         f = (problem.L.unsqueeze(1) @ eps.unsqueeze(-1)).squeeze(-1)
@@ -177,9 +172,11 @@ class PGGibbs:
         return GibbsState(f, omega, g.get_state(), torch.zeros((), dtype=torch.int64))
 
     def step(self, rng, state: GibbsState, problem: GibbsProblem) -> tuple[GibbsState, GibbsInfo]:
-        """One sweep: ``f | omega`` (eq. 4, Gaussian), then ``omega | f`` (PG)."""
-        del rng  # randomness is carried in the state
-        g = self._generator(state.rng_state, problem.L.device)
+        """One sweep: ``f | omega`` (eq. 4, Gaussian), then ``omega | f`` (PG). ``rng``: None
+        (the state's generator) or a seed / generator state that replaces it."""
+        device = problem.L.device
+        g = torch_generator(state.rng_state if rng is None else torch_rng_state(rng, device),
+                            device)
         eps0 = torch.randn(state.f.shape, dtype=state.f.dtype, device=state.f.device, generator=g)
         eps1 = torch.randn(state.f.shape, dtype=state.f.dtype, device=state.f.device, generator=g)
         G, C, n = state.f.shape
@@ -189,13 +186,14 @@ class PGGibbs:
         omega = self._omega(f, g)
         return (GibbsState(f, omega, g.get_state(), state.step + 1), GibbsInfo(log_marg))
 
-    def run(self, problem: GibbsProblem, num_steps: int, seed: int | torch.Generator = 0,
+    def run(self, problem: GibbsProblem, num_steps: int, seed: int | Tensor = 0,
             state: GibbsState | None = None, keep: bool = False
             ) -> tuple[GibbsState, GibbsInfo, dict[str, Tensor] | None]:
-        """``init`` (unless ``state`` is given) then ``num_steps`` sweeps; with ``keep`` the draws
-        of every sweep, ``{"f", "omega"}: (num_steps, G, C, n)``, and the sweeps' augmented
-        log marginals, ``"log_marginal": (num_steps, G, C)``, are returned too."""
-        state = self.init(problem, seed) if state is None else state
+        """``init(seed, problem)`` (unless ``state`` is given) then ``num_steps`` sweeps; with
+        ``keep`` the draws of every sweep, ``{"f", "omega"}: (num_steps, G, C, n)``, and the
+        sweeps' augmented log marginals, ``"log_marginal": (num_steps, G, C)``, are returned
+        too. ``seed``: an int or a generator state (:meth:`init`'s ``rng``)."""
+        state = self.init(seed, problem) if state is None else state
         trace: dict[str, list[Tensor]] = {"f": [], "omega": [], "log_marginal": []}
         info = GibbsInfo(torch.zeros(problem.kappa.shape[0], self.num_chains,
                                      dtype=problem.L.dtype, device=problem.L.device))

@@ -22,8 +22,10 @@ with ``omega_ic' | f ~ PG(1, psi_ic')`` and the pseudo-observations ``z = Omega^
 ``(i, y_i)`` decoupled): ``(A K_blk A^T)_{(i a),(j b)} = K_ij ([y_i = y_j] - [y_i = b] -
 [a = y_j] + [a = b])``. Its cost grows as ``(K n)^3``, why the paper ran OVE up to 10 classes.
 
-Both engines follow the contract ``init(problem, seed) -> State``,
-``step(rng, state, problem) -> (State, Info)`` with the torch generator state in ``State``.
+Both engines follow the contract of :mod:`inference.base` (kind ``"host"``): ``init(rng,
+problem) -> State`` with ``rng`` an int seed or a torch generator state, and ``step(rng, state,
+problem) -> (State, Info)`` with the generator state carried in ``State`` (``rng=None``
+continues from it; a seed or generator state replaces it), as :class:`inference.pg_gibbs.PGGibbs`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from inference.base import torch_generator, torch_rng_state
 from inference.pg_gibbs import Workspace
 from inference.polya_gamma import _random_pg_counts, random_polyagamma
 from models.linalg_torch import jitter_cholesky
@@ -77,18 +80,9 @@ class MulticlassInfo(NamedTuple):
     log_likelihood: Tensor
 
 
-def _gen(state: Tensor, device) -> torch.Generator:
-    g = torch.Generator(device=device)
-    g.set_state(state)
-    return g
-
-
-def _new_gen(seed, device) -> torch.Generator:
-    if isinstance(seed, torch.Generator):
-        return seed
-    g = torch.Generator(device=device)
-    g.manual_seed(int(seed))
-    return g
+def _gen(rng, device) -> torch.Generator:
+    """A private generator on ``device`` from ``rng`` (an int seed or a generator state)."""
+    return torch_generator(torch_rng_state(rng, device), device)
 
 
 def _prior_draw(L: Tensor, shape, g) -> Tensor:
@@ -112,6 +106,8 @@ def ove_log_likelihood(f: Tensor, Y: Tensor) -> Tensor:
 class LSMGibbs:
     """Block Gibbs for the logistic-softmax GP classifier (``num_chains`` parallel chains)."""
 
+    kind = "host"
+
     def __init__(self, num_chains: int = 20):
         if not isinstance(num_chains, int) or num_chains < 1:
             raise ValueError(f"num_chains: expected an int >= 1, received {num_chains!r}")
@@ -128,18 +124,19 @@ class LSMGibbs:
         omega = _random_pg_counts(b, f, g)
         return lam, counts, omega
 
-    def init(self, problem: MulticlassProblem, seed=0) -> LSMState:
-        g = _new_gen(seed, problem.K.device)
+    def init(self, rng: int | Tensor, problem: MulticlassProblem) -> LSMState:
+        """Chains started at the prior ``f ~ N(0, K)`` and ``(lambda, n, omega) | f``."""
+        g = _gen(rng, problem.K.device)
         C = problem.Y.shape[1]
         f = _prior_draw(problem.L, (self.num_chains, C), g)
         lam, counts, omega = self._augment(f, problem.Y, g)
         return LSMState(f, omega, counts, lam, g.get_state(), torch.zeros((), dtype=torch.int64))
 
     def step(self, rng, state: LSMState, problem: MulticlassProblem) -> tuple[LSMState, MulticlassInfo]:
-        del rng
+        """One sweep; ``rng``: None (the state's generator) or a seed / generator state."""
         from models.gp_tree import sample_f_given_omega
 
-        g = _gen(state.rng_state, problem.K.device)
+        g = _gen(state.rng_state if rng is None else rng, problem.K.device)
         kappa = 0.5 * (problem.Y.T.unsqueeze(0) - state.counts)
         eps0 = torch.randn(state.f.shape, dtype=state.f.dtype, device=state.f.device, generator=g)
         eps1 = torch.randn(state.f.shape, dtype=state.f.dtype, device=state.f.device, generator=g)
@@ -157,7 +154,9 @@ class LSMGibbs:
 class OVEGibbs:
     """Block Gibbs for the one-vs-each GP classifier (joint draw of all class functions)."""
 
-    def __init__(self, num_chains: int = 3, max_joint_dim: int = 6000):
+    kind = "host"
+
+    def __init__(self, num_chains: int, max_joint_dim: int = 6000):
         if not isinstance(num_chains, int) or num_chains < 1:
             raise ValueError(f"num_chains: expected an int >= 1, received {num_chains!r}")
         self.num_chains = num_chains
@@ -173,19 +172,20 @@ class OVEGibbs:
         psi = self._pairs(f, Y)
         return random_polyagamma(1, psi, g, validate=False) * (1.0 - Y)
 
-    def init(self, problem: MulticlassProblem, seed=0) -> OVEState:
+    def init(self, rng: int | Tensor, problem: MulticlassProblem) -> OVEState:
+        """Chains started at the prior ``f ~ N(0, K)`` and ``omega | f``."""
         n, C = problem.Y.shape
         if n * C > self.max_joint_dim:
             raise ValueError(f"OVE joint dimension C n = {C} x {n} = {C * n} exceeds "
                              f"max_joint_dim = {self.max_joint_dim} (memory (C n)^2 per chain)")
-        g = _new_gen(seed, problem.K.device)
+        g = _gen(rng, problem.K.device)
         f = _prior_draw(problem.L, (self.num_chains, C), g)
         return OVEState(f, self._omega(f, problem.Y, g), g.get_state(),
                         torch.zeros((), dtype=torch.int64))
 
     def step(self, rng, state: OVEState, problem: MulticlassProblem) -> tuple[OVEState, MulticlassInfo]:
-        del rng
-        g = _gen(state.rng_state, problem.K.device)
+        """One sweep; ``rng``: None (the state's generator) or a seed / generator state."""
+        g = _gen(state.rng_state if rng is None else rng, problem.K.device)
         K, L, Y = problem.K, problem.L, problem.Y
         n, C = Y.shape
         ch = state.f.shape[0]

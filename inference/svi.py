@@ -1,7 +1,8 @@
 """Stochastic variational inference for any Pyro model/guide pair, on the engine contract.
 
-:class:`SVI` is an engine of :mod:`inference.base`: ``init(seed, *batch) -> SVIState`` and
-``step(rng, state, batch) -> (SVIState, SVIInfo)``, where the state holds *values only*
+:class:`SVI` is an engine of :mod:`inference.base` (kind ``"host"``): ``init(rng, *batch) ->
+SVIState`` (``rng``: an int seed or a torch generator state) and ``step(rng, state, batch) ->
+(SVIState, SVIInfo)``, where the state holds *values only*
 
 * ``params``: the unconstrained values of every ``pyro.param`` site (Pyro's param store is
   filled from them for the duration of a step and restored afterwards, so nothing persists in
@@ -11,6 +12,12 @@
 * ``rng_state``: the state of the torch generator that Pyro's samples draw from during the step
   (:func:`inference.base.using_torch_rng`); the caller's global random state is untouched;
 * ``step``: the number of steps taken.
+
+The state is complete: a fresh :class:`SVI` built on the same model and guide steps from a
+saved state exactly as the engine that made it. The parameters' constraints are not state but
+part of the program: during a step each ``pyro.param`` site hands its declared constraint to
+the param store as it is reached (:class:`_SiteConstraints`), and :meth:`SVI.constrained`
+reads them off one evaluation of the program.
 
 A step evaluates ``loss.differentiable_loss(model, guide, *batch, **model_kwargs)`` (default
 :class:`inference.elbo.LazyTraceMeanField_ELBO`; the model must put its observations in
@@ -33,8 +40,11 @@ from typing import Any, Callable, NamedTuple
 import pyro
 import torch
 from torch import Tensor
+from torch.distributions import constraints
 
-from inference.base import torch_generator_state, using_torch_rng
+from pyro.poutine.messenger import Messenger
+
+from inference.base import torch_rng_state, using_torch_rng
 from inference.elbo import LazyTraceMeanField_ELBO
 from inference.yogi import YogiConfig, YogiState, yogi_init, yogi_update
 
@@ -55,6 +65,20 @@ def _no_nan_warnings():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Encountered NaN", category=UserWarning)
         yield
+
+
+class _SiteConstraints(Messenger):
+    """Give Pyro's param store the constraint of each ``pyro.param`` site as the program
+    declares it, the first time the site is reached with an initial value: the store of a step
+    holds the state's unconstrained values only, and the constraint is what the program says
+    (``pyro.param(name, init, constraint=...)``), so nothing of it is kept between steps."""
+
+    def _pyro_param(self, msg):
+        name = msg["args"][0]
+        store = pyro.get_param_store()
+        # a retrieval-only call ``pyro.param(name)`` carries no constraint (real by default)
+        if len(msg["args"]) > 1 and name not in store._constraints:
+            store._constraints[name] = msg["kwargs"].get("constraint", constraints.real)
 
 
 class SVIState(NamedTuple):
@@ -89,6 +113,8 @@ class SVI:
         device: where the model's random draws happen (the generator carried in the state).
     """
 
+    kind = "host"
+
     def __init__(self, model: Callable, guide: Callable, optimizer: YogiConfig = YogiConfig(), *,
                  model_kwargs: dict[str, Any] | None = None, num_particles: int = 1,
                  vectorize_particles: bool = False, max_plate_nesting: int | None = None,
@@ -107,7 +133,6 @@ class SVI:
             else float("inf"))
         self.validate_args = validate_args
         self.device = torch.device(device)
-        self.constraints: dict[str, Any] = {}
 
     def _validating(self, step: int) -> bool:
         return self.validate_args == "always" or (self.validate_args == "first" and step == 0)
@@ -116,26 +141,36 @@ class SVI:
         return self.loss.differentiable_loss(self.model, self.guide, *batch, **self.model_kwargs)
 
     @contextlib.contextmanager
-    def _store(self, params: dict[str, Tensor]):
-        """Pyro's param store holding exactly ``params`` (unconstrained) during the block."""
+    def _store(self, params: dict[str, Tensor], constraints_: dict[str, Any] | None = None):
+        """Pyro's param store holding exactly ``params`` (unconstrained) during the block, with
+        ``constraints_`` or, without them, the constraints the program's sites declare
+        (:class:`_SiteConstraints`)."""
         with pyro.get_param_store().scope({"params": dict(params),
-                                           "constraints": dict(self.constraints)}):
+                                           "constraints": dict(constraints_ or {})}), \
+                _SiteConstraints():
             yield pyro.get_param_store()
 
-    # -- the contract ------------------------------------------------------------------------
-    def init(self, seed: int, *batch: Tensor) -> SVIState:
-        """Create the parameters by one loss evaluation on ``batch`` (no step), with the
-        generator seeded by ``seed``; the moments start at Yogi's initial accumulator."""
-        rng = torch_generator_state(seed, self.device)
+    def _fresh_parameters(self, rng_state: Tensor, batch: tuple, validate: bool
+                          ) -> tuple[dict[str, Any], Tensor]:
+        """One evaluation of the program on ``batch`` in an empty param store: its scope
+        (``{"params", "constraints"}``) and the generator state after it."""
         with pyro.get_param_store().scope() as scope, torch.no_grad(), \
-                pyro.validation_enabled(self._validating(0)), \
-                using_torch_rng(rng, self.device) as cell:
+                pyro.validation_enabled(validate), \
+                using_torch_rng(rng_state, self.device) as cell:
             self._loss(tuple(batch))
+        return scope, cell.state
+
+    # -- the contract ------------------------------------------------------------------------
+    def init(self, rng: int | Tensor, *batch: Tensor) -> SVIState:
+        """Create the parameters by one loss evaluation on ``batch`` (no step), with the
+        generator seeded by ``rng`` (an int seed or a generator state); the moments start at
+        Yogi's initial accumulator."""
+        scope, rng_state = self._fresh_parameters(torch_rng_state(rng, self.device), batch,
+                                                  self._validating(0))
         params = {n: p.detach() for n, p in scope["params"].items()}
         if not params:
             raise ValueError("model and guide declare no pyro.param: nothing to optimize")
-        self.constraints = dict(scope["constraints"])
-        return SVIState(params, yogi_init(params, self.optimizer), cell.state, 0)
+        return SVIState(params, yogi_init(params, self.optimizer), rng_state, 0)
 
     def step(self, rng: Any, state: SVIState, batch: tuple) -> tuple[SVIState, SVIInfo]:
         """One gradient step on ``batch``. ``rng``: None (the state's generator) or a generator
@@ -143,7 +178,7 @@ class SVI:
         loss or a gradient is not finite."""
         where = f"optimizer step {state.step + 1}"
         leaves = {n: p.detach().requires_grad_() for n, p in state.params.items()}
-        rng_state = state.rng_state if rng is None else rng
+        rng_state = state.rng_state if rng is None else torch_rng_state(rng, self.device)
         with self._store(leaves), using_torch_rng(rng_state, self.device) as cell, \
                 pyro.validation_enabled(self._validating(state.step)), _no_nan_warnings():
             try:
@@ -178,8 +213,15 @@ class SVI:
 
     # -- reading a state -----------------------------------------------------------------------
     @torch.no_grad()
-    def constrained(self, state: SVIState) -> dict[str, Tensor]:
+    def constrained(self, state: SVIState, *batch: Tensor) -> dict[str, Tensor]:
         """The constrained values of the parameters (what ``pyro.param(name)`` returns), as
-        detached tensors."""
-        with self._store(state.params) as store:
+        detached tensors. The constraints are read off one evaluation of the program on
+        ``batch`` (any batch the model accepts; the state and the caller's random state are
+        untouched)."""
+        scope, _ = self._fresh_parameters(state.rng_state, batch, False)
+        missing = sorted(set(state.params) - set(scope["constraints"]))
+        if missing:
+            raise ValueError(f"parameters {missing} of the state are not declared by the "
+                             f"program on this batch")
+        with self._store(state.params, scope["constraints"]) as store:
             return {n: store[n].detach().clone() for n in state.params}

@@ -266,6 +266,8 @@ class Type2ML:
             reduction of the objective at which to stop); gtol: SciPy's ``gtol``.
     """
 
+    kind = "host"
+
     def __init__(self, objective: Callable[..., jax.Array], *, lower_bounds: Any = None,
                  upper_bounds: Any = None, unconstrained: Any = None, transforms: Any = None,
                  max_iterations: int = 1000, tolerance: float = 1e-9, gtol: float = 1e-8):
@@ -279,7 +281,10 @@ class Type2ML:
         self.transforms = transforms
         self.max_iterations, self.tolerance, self.gtol = int(max_iterations), tolerance, gtol
 
-    def init(self, params: Any) -> Type2MLState:
+    def init(self, rng: Any, params: Any) -> Type2MLState:
+        """The state at the starting hyperparameters ``params`` (``rng`` is unused: the fit is
+        deterministic)."""
+        del rng
         return Type2MLState(jax.tree_util.tree_map(jnp.asarray, params), jnp.nan, 0)
 
     def _leaf_transforms(self, leaves0: list) -> tuple:
@@ -434,6 +439,6 @@ def fit_type2ml(objective: Callable[..., jax.Array], init_params: Any, *,
     engine = Type2ML(objective, gtol=gradient_tolerance, lower_bounds=lower_bounds,
                      upper_bounds=upper_bounds, unconstrained=unconstrained,
                      transforms=transforms, max_iterations=max_iterations, tolerance=tolerance)
-    state, info = engine.step(None, engine.init(init_params), tuple(data or ()))
+    state, info = engine.step(None, engine.init(None, init_params), tuple(data or ()))
     return Type2MLResult(state.params, info.loss, info.iterations, info.converged,
                          info.message)

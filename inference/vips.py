@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import time
 from functools import partial
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -977,8 +977,10 @@ class OnlineSGPRInfo(NamedTuple):
 
 
 class OnlineSGPREngine:
-    """One-pass engine of the streaming sparse GP: ``init(params, input_dim)``,
-    ``step(rng, state, (X, y)) -> (state, info)`` (see the module docstring).
+    """One-pass engine of the streaming sparse GP, of kind ``"host"`` (data-dependent numbers
+    of inducing points, an L-BFGS-B fit): ``init(rng, params, input_dim)`` (deterministic:
+    ``rng`` is unused), ``step(rng, state, (X, y)) -> (state, info)`` (see the module
+    docstring).
 
     Args:
         policy: a :class:`SelectionPolicy`.
@@ -988,6 +990,8 @@ class OnlineSGPREngine:
         variance_bounds, min_noise_variance, max_iterations, parametrization: of the L-BFGS
             fit (:func:`fit_hyperparameters`).
     """
+
+    kind = "host"
 
     def __init__(self, policy: SelectionPolicy, *, jitter: float = ONLINE_JITTER,
                  summary_jitter: float = 1e-6, fit: bool = True,
@@ -1007,7 +1011,10 @@ class OnlineSGPREngine:
             tuple(float(v) for v in variance_bounds)
         self.min_noise_variance, self.max_iterations = float(min_noise_variance), int(max_iterations)
 
-    def init(self, params: GPRegressionParams, input_dim: int) -> OnlineSGPRState:
+    def init(self, rng: Any, params: GPRegressionParams, input_dim: int) -> OnlineSGPRState:
+        """No inducing points yet, the hyperparameters ``params`` and the policy's empty
+        statistics (``rng`` is unused)."""
+        del rng
         e = np.zeros((0,))
         return OnlineSGPRState(np.zeros((0, input_dim)), e, np.zeros((0, 0)), np.zeros((0, 0)),
                                params, self.policy.init(), np.int32(0))

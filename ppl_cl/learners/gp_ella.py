@@ -445,7 +445,7 @@ class GPELLA(ConfigLearner):
         point, H = expansion(fit, self.config.parametrization)
         t1 = time.perf_counter()
         state = self._state if self._state is not None else \
-            self.engine.init(X_all.shape[1], jax.random.PRNGKey(self.config.seed))
+            self.engine.init(jax.random.PRNGKey(self.config.seed), X_all.shape[1])
         state, info = self.engine.step(self._key(1), state, (point, H, slot))
         t2 = time.perf_counter()
         # commit only after everything above succeeded

@@ -354,7 +354,7 @@ class LinearELLA(ConfigLearner):
         slot, new, X_all, yc, mean = self._store.merged(task_id, x, y)
         theta, H = fit_linear_task(X_all, yc, self.config.ridge)
         state = self._state if self._state is not None else \
-            self.engine.init(X_all.shape[1], jax.random.PRNGKey(self.config.seed))
+            self.engine.init(jax.random.PRNGKey(self.config.seed), X_all.shape[1])
         key = jax.random.fold_in(jax.random.PRNGKey(self.config.seed), self._num_updates)
         state, info = self.engine.step(key, state, (theta, H, slot))
         self._store.commit(task_id, slot, X_all, yc, mean)

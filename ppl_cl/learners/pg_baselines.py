@@ -90,7 +90,7 @@ class _MulticlassGibbs(Learner):
                              "every class present)")
         problem = self._problem(X, y)
         engine = self._engine()
-        state = engine.init(problem, seed=self.config.seed * 7919 + self.num_updates)
+        state = engine.init(self.config.seed * 7919 + self.num_updates, problem)
         lls, trace = [], []
         for _ in range(self.config.num_steps):
             state, info = engine.step(None, state, problem)

@@ -182,7 +182,7 @@ class VARGP(Learner):
             val_seed = self._seed(3, t)
 
             def validate(s) -> float:
-                return program.accuracy(engine.constrained(s), xv, yv,
+                return program.accuracy(engine.constrained(s, x[:B], y[:B]), xv, yv,
                                         num_theta_samples=c.num_theta_samples,
                                         num_f_samples=c.num_f_samples,
                                         generator=torch.Generator().manual_seed(val_seed))
@@ -200,7 +200,7 @@ class VARGP(Learner):
                 lambda ls: snapshot({"task": t, "loop": state_to_tree(ls)})),
             snapshot_every_s=snapshot_every_s,
             resume=None if resume is None else state_from_tree(resume["loop"], state))
-        sets, hyper = program.state_from_params(engine.constrained(result.state))
+        sets, hyper = program.state_from_params(engine.constrained(result.state, x[:B], y[:B]))
         # commit (nothing above touched the state)
         self.tasks = sets if c.guide == "global" else [*self.tasks, sets[-1]]
         self.hyper = hyper

@@ -156,7 +156,7 @@ class OnlineSGPR(Learner):
         y = as_numpy(batch.y).astype(np.float64)
         state = self._state
         if state is None:
-            state = self.engine.init(initial_params(self.config, x.shape[1]), x.shape[1])
+            state = self.engine.init(None, initial_params(self.config, x.shape[1]), x.shape[1])
         rng = jax.random.fold_in(jax.random.PRNGKey(self.config.seed), int(state.num_batches))
         new_state, info = self.engine.step(rng, state, (x, y))   # raises before any commit
         self._state = new_state

@@ -103,7 +103,7 @@ def test_engine_reconstruction_exact_for_k_equal_d_mu_lambda_to_zero():
     rng = np.random.default_rng(2)
     d = 4
     eng = ELLAEngine(d, 1e-10, 1e-10, max_inner_iterations=20, inner_tolerance=1e-12)
-    state = eng.init(d, jax.random.PRNGKey(0))
+    state = eng.init(jax.random.PRNGKey(0), d)
     thetas = rng.uniform(0.1, 1.0, (3, d))
     for t in range(3):
         state, _ = eng.step(jax.random.PRNGKey(t), state, (thetas[t], _random_psd(rng, d), t))
@@ -111,7 +111,7 @@ def test_engine_reconstruction_exact_for_k_equal_d_mu_lambda_to_zero():
 
 
 def _run_engine(rng, eng, d, n_tasks, revisit=None):
-    state = eng.init(d, jax.random.PRNGKey(0))
+    state = eng.init(jax.random.PRNGKey(0), d)
     infos = []
     order = list(range(n_tasks)) + ([revisit] if revisit is not None else [])
     for i, t in enumerate(order):
@@ -161,7 +161,7 @@ def test_unused_columns_are_reinitialized():
     rng = np.random.default_rng(5)
     d, k = 3, 3
     eng = ELLAEngine(k, 50.0, 0.5, max_inner_iterations=1)  # large mu: sparse codes
-    state = eng.init(d, jax.random.PRNGKey(1))
+    state = eng.init(jax.random.PRNGKey(1), d)
     theta, H = rng.uniform(0, 1, d), _random_psd(rng, d)
     new_state, info = eng.step(jax.random.PRNGKey(2), state, (theta, H, 0))
     unused = np.flatnonzero(new_state.codes[0] == 0)
@@ -214,7 +214,7 @@ def test_engine_follows_the_contract():
     base = pytest.importorskip("inference.base")
     eng = ELLAEngine(2, 0.1, 0.1)
     assert isinstance(eng, base.Engine)
-    state = eng.init(3, jax.random.PRNGKey(0))
+    state = eng.init(jax.random.PRNGKey(0), 3)
     assert base.is_state(state)
     state, info = eng.step(jax.random.PRNGKey(1), state, (np.ones(3), np.eye(3), 0))
     assert base.is_state(state) and base.is_state(info)

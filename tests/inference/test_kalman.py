@@ -63,7 +63,7 @@ def test_gamma_one_equals_batch_bayesian_linear_regression():
     X, y = _regression_problem()
     s_w2, s2 = 0.7, 0.2
     params = _params(s_w2, s2)
-    options = kf.FilterOptions(learn_forgetting=False)
+    options = kf.FilterOptions(learning_rate=0.1, learn_forgetting=False)
     state = kf.init(X.shape[1], prior=params.prior, initial_forgetting=1.0)
     final, info = _filter(jax.random.PRNGKey(0), state, X, y, params, options)
     for n in (1, 7, X.shape[0]):
@@ -122,7 +122,7 @@ def _fixed_gamma_problem(n, m, seed, gamma_seed, gamma_low, s_w2, s2):
     X, y = _regression_problem(n=n, m=m, seed=seed)
     gammas = np.random.default_rng(gamma_seed).uniform(gamma_low, 1.0, size=n)
     params = _params(s_w2, s2)
-    options = kf.FilterOptions(learn_forgetting=False)
+    options = kf.FilterOptions(learning_rate=0.1, learn_forgetting=False)
     state = kf.init(m, prior=params.prior)
     means, covs, _ = _run_states(state, X, y, params, options, gammas)
     return X, y, gammas, params, options, state, means, covs
@@ -153,7 +153,7 @@ def test_mean_preserving_variant_equals_dense_joint_with_empirical_bayes_means()
     gammas = np.full(10, 0.8)
     s_w2, s2 = 0.5, 0.1
     params = _params(s_w2, s2)
-    options = kf.FilterOptions(learn_forgetting=False, mean_preserving=True)
+    options = kf.FilterOptions(learning_rate=0.1, learn_forgetting=False, mean_preserving=True)
     state = kf.init(2, prior=params.prior)
     means, covs, _ = _run_states(state, X, y, params, options, gammas)
     drift_means = np.concatenate([np.zeros((1, 2, 1)), means[:-1]])   # mu_{n-1} = m_{n-1}
@@ -218,7 +218,8 @@ def test_nuts_on_numpyro_model_agrees_with_filter_marginal():
     params = _params(s_w2, s2)
     state = kf.init(2, prior=params.prior)
     final, _ = _filter(jax.random.PRNGKey(0), state, X, y, params,
-                         kf.FilterOptions(learn_forgetting=False), forgetting_coefficients=gammas)
+                         kf.FilterOptions(learning_rate=0.1,
+                                          learn_forgetting=False), forgetting_coefficients=gammas)
     m_T = np.asarray(final.mean[:, 0])
     var_T = np.diag(np.asarray(final.covariance))
 
@@ -337,13 +338,14 @@ def test_classification_recursion_shares_one_covariance_across_classes():
     labels = rng.integers(0, K, size=n)
     gammas = rng.uniform(0.8, 1.0, size=n)
     params = _params(1 / m, 1 / K, classification=True)
-    options = kf.FilterOptions(likelihood="softmax", learn_forgetting=False, num_samples=4)
+    options = kf.FilterOptions(learning_rate=0.1,
+                               likelihood="softmax", learn_forgetting=False, num_samples=4)
     state = kf.init(m, K, prior=params.prior)
     final, _ = _filter(jax.random.PRNGKey(0), state, X, labels, params, options,
                          forgetting_coefficients=gammas)
     assert final.covariance.shape == (m, m) and final.mean.shape == (m, K)
     onehot = np.eye(K)[labels]
-    reg = kf.FilterOptions(learn_forgetting=False)
+    reg = kf.FilterOptions(learning_rate=0.1, learn_forgetting=False)
     for k in range(K):   # eqs. 7-8 = K regressions (eqs. 4-5) on the one-hot columns
         sk, _ = _filter(jax.random.PRNGKey(0), kf.init(m, prior=params.prior), X, onehot[:, k],
                           kf.KalmanParams(params.prior, GaussianLikelihood(1 / K)), reg,
@@ -405,7 +407,8 @@ def test_last_step_markov_is_one_transition_per_chunk():
     X = rng.normal(size=(3 * b, m))
     labels = rng.integers(0, K, size=3 * b)
     params = _params(1 / m, 1 / K, classification=True)
-    options = kf.FilterOptions(likelihood="softmax", learn_forgetting=False, num_samples=4)
+    options = kf.FilterOptions(learning_rate=0.1,
+                               likelihood="softmax", learn_forgetting=False, num_samples=4)
     gamma = 0.9
     for transition, pattern, methods in (
             ("last", [1.0] * (b - 1) + [gamma], ("blocked", "sequential")),
@@ -489,7 +492,7 @@ def test_predictive_moments_are_one_transition_ahead():
     state = _some_state(m=3, K=2, seed=19, delta=0.5)
     params = _params(0.4, 0.1)
     X = np.random.default_rng(20).normal(size=(4, 3))
-    mean, var = kf.predictive_moments(state, X, params, kf.FilterOptions())
+    mean, var = kf.predictive_moments(state, X, params, kf.FilterOptions(learning_rate=0.1))
     g2 = math.exp(-0.5)
     A_pred = g2 * np.asarray(state.covariance) + (1 - g2) * 0.4 * np.eye(3)
     np.testing.assert_allclose(np.asarray(mean), X @ (math.sqrt(g2) * np.asarray(state.mean)),
@@ -504,7 +507,8 @@ def test_float32_runs_and_tracks_float64():
     labels = rng.integers(0, K, size=n)
     # fixed gamma: the float32 and float64 Monte Carlo draws differ, and a learned gamma would
     # follow them; the recursion itself must agree to float32 accuracy
-    options = kf.FilterOptions(likelihood="softmax", learn_forgetting=False, num_samples=8)
+    options = kf.FilterOptions(learning_rate=0.1,
+                               likelihood="softmax", learn_forgetting=False, num_samples=8)
     out = {}
     for dtype in (jnp.float32, jnp.float64):
         params = _params(1 / m, 1 / K, classification=True)
@@ -533,7 +537,8 @@ def test_init_rejects_bad_arguments():
         kf.init(0, prior=prior)
     with pytest.raises(ValueError, match="transition"):
         _chunk_update(jax.random.PRNGKey(0), kf.init(2, prior=prior), np.ones((2, 2)),
-                        np.ones(2), _params(), kf.FilterOptions(), transition="sometimes")
+                        np.ones(2), _params(), kf.FilterOptions(learning_rate=0.1),
+                        transition="sometimes")
 
 
 @pytest.mark.gpu
@@ -576,7 +581,7 @@ def test_kalman_filter_engine_follows_the_contract_and_equals_chunk_update():
     options = kf.FilterOptions(likelihood="softmax", learning_rate=0.2, num_samples=8)
     engine = kf.KalmanFilter(params, options, transition="last", block_size=4)
     assert isinstance(engine, Engine)
-    state = engine.init(m, K, initial_forgetting=0.95)
+    state = engine.init(None, m, K, initial_forgetting=0.95)
     assert is_state(state)
     step = jax.jit(engine.step)
     ref = kf.init(m, K, prior=params.prior, initial_forgetting=0.95)
@@ -638,7 +643,7 @@ def test_eq12_log_predictive_matches_quadrature_for_two_classes():
     S = 200_000
     state = _some_state(m=3, K=2, seed=27, delta=0.4)
     params = _params(0.5, 0.5, alpha=1.7, classification=True)
-    options = kf.FilterOptions(likelihood="softmax", num_samples=S)
+    options = kf.FilterOptions(learning_rate=0.1, likelihood="softmax", num_samples=S)
     phi = np.array([[0.8, -0.4, 1.2]])
     lp = float(kf.log_predictive(jax.random.PRNGKey(2), state, phi, np.array([1]), params,
                                  options)[0])
@@ -664,7 +669,8 @@ def test_blocked_float32_default_block_stays_within_twice_the_scan_error():
     X = np.maximum(rng.normal(size=(n, d)) @ rng.normal(size=(d, m)), 0.0)
     labels = np.random.default_rng(1).integers(0, K, size=n)
     params = _params(1.0, 0.01, classification=True)
-    options = kf.FilterOptions(likelihood="softmax", learn_forgetting=False, num_samples=2)
+    options = kf.FilterOptions(learning_rate=0.1,
+                               likelihood="softmax", learn_forgetting=False, num_samples=2)
     ref, _ = _filter(jax.random.PRNGKey(0), kf.init(m, K, prior=params.prior), X, labels,
                      params, options)
     s32 = kf.init(m, K, prior=params.prior, dtype=jnp.float32)

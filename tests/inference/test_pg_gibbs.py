@@ -61,7 +61,7 @@ def test_gibbs_posterior_matches_nuts_within_monte_carlo_error():
 
     engine = PGGibbs(num_chains=40)
     problem = pad_problems([K], [y.to(D) - 0.5])
-    state = engine.init(problem, seed=1)
+    state = engine.init(1, problem)
     for _ in range(50):                                       # burn-in
         state, _ = engine.step(None, state, problem)
     _, _, draws = engine.run(problem, 150, state=state, keep=True)
@@ -126,7 +126,7 @@ def test_same_state_same_chain_and_state_is_arrays():
     X, y, params = _node()
     problem = pad_problems([node_gram(params, X)], [y.to(D) - 0.5])
     engine = PGGibbs(num_chains=5)
-    s0 = engine.init(problem, seed=7)
+    s0 = engine.init(7, problem)
     assert isinstance(s0, GibbsState) and s0.rng_state.dtype == torch.uint8
     a, _ = engine.step(None, s0, problem)
     b, info = engine.step(None, s0, problem)
@@ -159,9 +159,9 @@ def test_engines_follow_the_engine_contract():
     X, y, params = _node(n=6)
     K = node_gram(params, X)
     problem = pad_problems([K], [y.to(D) - 0.5])
-    state = PGGibbs(num_chains=2).init(problem, seed=0)
+    state = PGGibbs(num_chains=2).init(0, problem)
     assert is_state(state) and is_state(PGGibbs(num_chains=2).step(None, state, problem)[0])
     Y = torch.nn.functional.one_hot(y, 2).to(D)
     mp = MulticlassProblem(K, jitter_cholesky(K), Y)
-    assert is_state(LSMGibbs(num_chains=2).init(mp, seed=0))
-    assert is_state(OVEGibbs(num_chains=2).init(mp, seed=0))
+    assert is_state(LSMGibbs(num_chains=2).init(0, mp))
+    assert is_state(OVEGibbs(num_chains=2).init(0, mp))

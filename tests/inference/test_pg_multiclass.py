@@ -62,7 +62,7 @@ def _nuts(problem: MulticlassProblem, likelihood: str, num_samples=800, chains=2
 
 def _gibbs(engine, problem, sweeps=300, burn=60, seed=3):
     """``f`` of ``engine``'s chains after ``burn`` sweeps, ``(chains, sweeps - burn, C n)``."""
-    state = engine.init(problem, seed=seed)
+    state = engine.init(seed, problem)
     draws = []
     for s in range(sweeps):
         state, _ = engine.step(None, state, problem)

@@ -128,7 +128,7 @@ def test_recovers_the_conjugate_posterior_with_minibatches():
     lr = 0.05
     engine, res = fit(y, lr=lr, batch_size=50, max_epochs=200, seed=3, num_particles=16,
                       vectorize_particles=True, max_plate_nesting=1)
-    params = engine.constrained(res.state)
+    params = engine.constrained(res.state, y)
     mean, sd = _posterior(y)
     # Yogi moves each unconstrained coordinate by at most ~lr per step, so at stationarity the
     # iterate fluctuates within a few lr around the optimum (the exact posterior here); the
@@ -214,11 +214,11 @@ def test_same_seed_same_result_and_caller_rng_untouched():
     torch.manual_seed(123)
     expected = torch.rand(3)
     assert torch.equal(after_a, expected)  # the fit left the global RNG alone
-    pa, pb = ea.constrained(a.state), eb.constrained(b.state)
+    pa, pb = ea.constrained(a.state, y), eb.constrained(b.state, y)
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
     assert a.epoch_losses == b.epoch_losses
     ec, c = fit(y, seed=12)
-    assert not torch.equal(pa["loc"], ec.constrained(c.state)["loc"])
+    assert not torch.equal(pa["loc"], ec.constrained(c.state, y)["loc"])
 
 
 def test_init_needs_parameters_and_checks_settings():
@@ -264,7 +264,7 @@ def test_runs_on_cuda_and_resumes_bitwise(tmp_path):
     cfg = LoopConfig(batch_size=16, max_epochs=6, seed=7)
     snaps = []
     full = run_loop(engine, state, (y,), cfg, snapshot=snaps.append, snapshot_every_s=0.0)
-    assert engine.constrained(full.state)["loc"].device.type == "cuda"
+    assert engine.constrained(full.state, y[:16])["loc"].device.type == "cuda"
     save_tree(tmp_path / "s.npz", state_to_tree(snaps[2]))
     tree, _ = load_tree(tmp_path / "s.npz")
     res = run_loop(engine, state, (y,), cfg, resume=state_from_tree(tree, state))

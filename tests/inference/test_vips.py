@@ -335,7 +335,7 @@ def test_engine_summary_holds_the_next_batchs_old_terms():
     equal ``prepare_old`` of the old summary the engine passes on."""
     X, y = _stream(19, 32)
     eng = vips.OnlineSGPREngine(vips.VIPS())
-    st, _ = eng.step(jax.random.PRNGKey(0), eng.init(_params(), 1), (X[::2], y[::2]))
+    st, _ = eng.step(jax.random.PRNGKey(0), eng.init(None, _params(), 1), (X[::2], y[::2]))
     st, _ = eng.step(jax.random.PRNGKey(1), st, (X[1::2], y[1::2]))
     ref = vips.prepare_old(eng.old_posterior(st), eng.jitter, size=st.terms.a.shape[0])
     for a, b in zip(st.terms[:4], ref[:4]):
