@@ -33,14 +33,14 @@ def test_experiments_are_registered_with_paper_numbers():
         assert name in reg
     split = reg["vargp-split-mnist"]
     assert split.headline and reg["vargp-toy"].headline
-    assert split.paper["final_avg_accuracy"].value == 90.57
-    assert split.paper["final_avg_accuracy"].std == 1.06
-    assert {k: split.paper[k].value for k in ("final_avg_accuracy_block_diag",
-                                              "final_avg_accuracy_mle_hypers",
-                                              "final_avg_accuracy_global")} == {
-        "final_avg_accuracy_block_diag": 78.64, "final_avg_accuracy_mle_hypers": 10.09,
-        "final_avg_accuracy_global": 39.31}
-    assert reg["vargp-permuted-mnist"].paper["final_avg_accuracy"].value == 97.20
+    # Table 1's four rows have paper numbers, in the order the registered claim states (the
+    # claim from the text, the numbers from the table: tests/ppl_cl/test_registry.py checks
+    # every such pair); the printed digits are checked in test_cli.py
+    for spec in (split, reg["vargp-permuted-mnist"]):
+        (claim,) = spec.claims
+        values = {k: spec.paper[k].value for k in claim.keys}
+        assert claim.check(values) is True and values["final_avg_accuracy"] > 90
+        assert set(claim.keys) == set(spec.table_keys)
     # the experiments' learner defaults: Split MNIST is VARGP()'s, the others replace fields
     assert split.config_cls().learner == VARGPConfig()
     perm = reg["vargp-permuted-mnist"].config_cls().learner
