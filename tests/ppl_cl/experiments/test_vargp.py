@@ -61,6 +61,13 @@ def test_split_digits_learns_with_the_data_scaled_start(tmp_path):
     assert len({r["start_lengthscale"] for r in records}) == 1     # fixed at the first task
     assert 100 * R[0, 0] > 90
     assert metrics["summary"]["final_avg_accuracy"] > 60
+    # pinned: seed 0 gives 109 / 111 on task 1 and 78.4637 % final average, the same digits in
+    # two runs (float32, seeded Monte Carlo: deterministic on one platform). Seeds 1, 2, 3 give
+    # 79.17, 79.03 and 82.30 % (seed-to-seed sd 1.7). The tolerance, 0.3 points, is about one
+    # and a half test images (each moves the five-task average by ~0.19) for another platform's
+    # float32 rounding: a fraction of the seed spread, so a changed learner is seen
+    assert R[0, 0] == pytest.approx(109 / 111, abs=1.5 / 111)
+    assert metrics["summary"]["final_avg_accuracy"] == pytest.approx(78.46371258135963, abs=0.3)
 
 
 def test_split_digits_quick_run_writes_its_outputs(tmp_path):
