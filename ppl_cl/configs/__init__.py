@@ -114,6 +114,9 @@ def _coerce(value: Any, typ: Any) -> Any:
         for a in args:
             if a is not type(None) and dataclasses.is_dataclass(a) and isinstance(value, dict):
                 return from_dict(a, value)
+        for a in args:                       # Optional[tuple[...]]: a JSON list is the tuple
+            if (typing.get_origin(a) is tuple or a is tuple) and isinstance(value, list):
+                return _coerce(value, a)
         return value
     if (origin is tuple or typ is tuple) and isinstance(value, list):
         inner = args[0] if args and args[-1] is Ellipsis else None

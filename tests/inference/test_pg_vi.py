@@ -132,13 +132,116 @@ def test_minibatch_steps_reach_the_full_batch_fixed_point():
     assert e_sgd <= e_full + 1e-6
 
 
-def test_loss_is_differentiable_in_the_kernel():
-    X, y, params = _node()
-    ls = torch.tensor(1.0, dtype=D, requires_grad=True)
-    p = params._replace(lengthscale=ls)
-    state, info = PGVI(0.5).step(None, PGVI(0.5).init(8, 4), _full_batch(X, y, p, X[:4]))
-    info.loss.backward()
-    assert isinstance(state, VIState) and ls.grad is not None and torch.isfinite(ls.grad)
+def _central_difference(f, x, h=1e-6):
+    """``df/dx`` by central differences, entry by entry (float64)."""
+    x = x.detach().clone()
+    grad = torch.zeros_like(x)
+    flat, gflat = x.view(-1), grad.view(-1)
+    for i in range(flat.numel()):
+        old = float(flat[i])
+        flat[i] = old + h
+        up = float(f(x))
+        flat[i] = old - h
+        down = float(f(x))
+        flat[i] = old
+        gflat[i] = (up - down) / (2 * h)
+    return grad
+
+
+def _sparse_problem():
+    """A node of 12 points, 5 inducing inputs off the data, a minibatch of 7, and a state a few
+    minibatch steps away from the initial one (so that nothing is at a symmetric start)."""
+    X, y, params = _node(n=12, seed=7)
+    g = torch.Generator().manual_seed(8)
+    Z = torch.randn(5, 2, dtype=D, generator=g)
+    index = torch.tensor([0, 2, 3, 5, 8, 9, 11])
+    engine = PGVI(0.4)
+    state = engine.init(12, 5)
+    for _ in range(3):
+        state, _ = engine.step(None, state, _batch(X, y, params, Z, index))
+    return X, y, params, Z, index, state
+
+
+def _batch(X, y, params, Z, index):
+    k = node_kernel(params)
+    return VIBatch(node_gram(params, Z), k(Z, X[index]), k.diag(X[index]),
+                   y[index].to(D) - 0.5, index, X.shape[0])
+
+
+@pytest.mark.parametrize("update_c", [True, False])
+def test_elbo_gradient_matches_central_differences(update_c):
+    """d ELBO / d (lengthscale, outputscale, inducing inputs) by autograd against central
+    differences of PGVI.elbo (float64). With ``update_c`` the bound re-optimizes ``c`` (eq. 16)
+    at every perturbed point but autograd holds it fixed: the two agree because ``c`` is the
+    bound's maximizer (envelope theorem), so this also checks eq. 16's optimality."""
+    X, y, params, Z, index, state = _sparse_problem()
+
+    def elbo(ls, s, Zv):
+        p = params._replace(lengthscale=ls, outputscale=s)
+        return PGVI.elbo(state, _batch(X, y, p, Zv, index), update_c=update_c)
+
+    ls = params.lengthscale.clone().requires_grad_(True)
+    s = params.outputscale.clone().requires_grad_(True)
+    Zg = Z.clone().requires_grad_(True)
+    g_ls, g_s, g_Z = torch.autograd.grad(elbo(ls, s, Zg), (ls, s, Zg))
+    with torch.no_grad():
+        fd_ls = _central_difference(lambda v: elbo(v, params.outputscale, Z), params.lengthscale)
+        fd_s = _central_difference(lambda v: elbo(params.lengthscale, v, Z), params.outputscale)
+        fd_Z = _central_difference(lambda v: elbo(params.lengthscale, params.outputscale, v), Z)
+    assert float(g_ls.abs()) > 1e-2 and float(g_s.abs()) > 1e-2   # not a vanishing gradient
+    np.testing.assert_allclose(g_ls.numpy(), fd_ls.numpy(), rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(g_s.numpy(), fd_s.numpy(), rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(g_Z.numpy(), fd_Z.numpy(), rtol=1e-5, atol=1e-8)
+
+
+def test_step_loss_gradient_is_the_bound_at_the_new_state():
+    """A step's ``loss`` is ``-ELBO / n`` at the stepped ``q(fbar)`` and the ``c`` of the step,
+    both held fixed: its autograd gradient in the lengthscale equals central differences of
+    ``-PGVI.elbo(new state, update_c=False) / n``."""
+    X, y, params, Z, index, state = _sparse_problem()
+    ls = params.lengthscale.clone().requires_grad_(True)
+    new, info = PGVI(0.4).step(None, state, _batch(X, y, params._replace(lengthscale=ls), Z,
+                                                   index))
+    (g,) = torch.autograd.grad(info.loss, ls)
+    with torch.no_grad():
+        np.testing.assert_allclose(float(info.loss), -float(PGVI.elbo(
+            new, _batch(X, y, params, Z, index), update_c=False)) / 12, rtol=1e-12)
+        fd = _central_difference(lambda v: -PGVI.elbo(
+            new, _batch(X, y, params._replace(lengthscale=v), Z, index), update_c=False) / 12,
+            params.lengthscale)
+    assert float(g.abs()) > 1e-4
+    np.testing.assert_allclose(g.numpy(), fd.numpy(), rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("rho", [1.0, 0.3])
+def test_natural_gradient_step_is_the_gradient_in_the_mean_parameters(rho):
+    """For a Gaussian q the natural gradient in ``(eta, H)`` is the ordinary gradient in the
+    mean parameters ``(mu, Sigma + mu mu^T)``. Autograd of the bound (at the step's ``c``, i.e.
+    eq. 16 at the current q) in the mean parameters gives it independently of eq. 17's closed
+    form; one step must be ``(eta, H) + rho * gradient``."""
+    from models.gp_tree import VIMoments, optimal_c, pg_vi_elbo, vi_marginals
+
+    X, y, params, Z, index, state = _sparse_problem()
+    batch = _batch(X, y, params, Z, index)
+    L_mm = jitter_cholesky(batch.K_mm)
+    q = natural_to_moments(NaturalParams(state.eta, state.H))
+    c = optimal_c(vi_marginals(L_mm, batch.K_mb, batch.k_bb, q))
+    cov = torch.cholesky_inverse(q.Lp)
+    m1 = q.mean.clone().requires_grad_(True)
+    m2 = (cov + torch.outer(q.mean, q.mean)).clone().requires_grad_(True)
+    S = m2 - torch.outer(m1, m1)
+    S = 0.5 * (S + S.T)
+    moments = VIMoments(m1, torch.linalg.cholesky(torch.linalg.inv(S)))
+    g1, g2 = torch.autograd.grad(pg_vi_elbo(L_mm, batch.K_mb, batch.k_bb, batch.kappa, c,
+                                            moments, batch.num_data), (m1, m2))
+    g2 = 0.5 * (g2 + g2.T)                  # the gradient along symmetric directions
+    new, _ = PGVI(rho).step(None, state, batch)
+    assert float(g1.abs().max()) > 1e-2     # the state is not already the fixed point
+    np.testing.assert_allclose(new.eta.numpy(), (state.eta + rho * g1).numpy(),
+                               rtol=1e-8, atol=1e-9)
+    np.testing.assert_allclose(new.H.numpy(), (state.H + rho * g2).numpy(), rtol=1e-8,
+                               atol=1e-9)
+    np.testing.assert_array_equal(new.c[index].numpy(), c.numpy())
 
 
 def test_bad_learning_rate():

@@ -112,8 +112,13 @@ def test_matern_gradient_finite_at_zero_distance():
     ls = torch.ones(3, dtype=torch.float64, requires_grad=True)
     kt.Matern52(T(1.0), ls)(x).sum().backward()
     assert torch.isfinite(x.grad).all() and torch.isfinite(ls.grad).all()
+    # k(r) = s (1 + sqrt5 r / l + 5 r^2 / (3 l^2)) exp(-sqrt5 r / l) has dk/dr = 0 at r = 0 and
+    # k(0) = s for every l: every pair is at r = 0, so both gradients are exactly 0
+    np.testing.assert_allclose(x.grad.numpy(), 0.0, atol=1e-12)
+    np.testing.assert_allclose(ls.grad.numpy(), 0.0, atol=1e-12)
     g = jax.grad(lambda z: kj.Matern52(1.0, jnp.ones(3))(z).sum())(jnp.zeros((2, 3)))
     assert np.isfinite(np.asarray(g)).all()
+    np.testing.assert_allclose(np.asarray(g), 0.0, atol=1e-6)
 
 
 def test_gradient_of_se_matches_finite_differences():

@@ -33,14 +33,14 @@ def test_experiments_are_registered_with_paper_numbers():
         assert name in reg
     split = reg["vargp-split-mnist"]
     assert split.headline and reg["vargp-toy"].headline
-    assert split.paper["final_avg_accuracy"].value == 90.57
-    assert split.paper["final_avg_accuracy"].std == 1.06
-    assert {k: split.paper[k].value for k in ("final_avg_accuracy_block_diag",
-                                              "final_avg_accuracy_mle_hypers",
-                                              "final_avg_accuracy_global")} == {
-        "final_avg_accuracy_block_diag": 78.64, "final_avg_accuracy_mle_hypers": 10.09,
-        "final_avg_accuracy_global": 39.31}
-    assert reg["vargp-permuted-mnist"].paper["final_avg_accuracy"].value == 97.20
+    # Table 1's four rows have paper numbers, in the order the registered claim states (the
+    # claim from the text, the numbers from the table: tests/ppl_cl/test_registry.py checks
+    # every such pair); the printed digits are checked in test_cli.py
+    for spec in (split, reg["vargp-permuted-mnist"]):
+        (claim,) = spec.claims
+        values = {k: spec.paper[k].value for k in claim.keys}
+        assert claim.check(values) is True and values["final_avg_accuracy"] > 90
+        assert set(claim.keys) == set(spec.table_keys)
     # the experiments' learner defaults: Split MNIST is VARGP()'s, the others replace fields
     assert split.config_cls().learner == VARGPConfig()
     perm = reg["vargp-permuted-mnist"].config_cls().learner
@@ -61,6 +61,13 @@ def test_split_digits_learns_with_the_data_scaled_start(tmp_path):
     assert len({r["start_lengthscale"] for r in records}) == 1     # fixed at the first task
     assert 100 * R[0, 0] > 90
     assert metrics["summary"]["final_avg_accuracy"] > 60
+    # pinned: seed 0 gives 109 / 111 on task 1 and 78.4637 % final average, the same digits in
+    # two runs (float32, seeded Monte Carlo: deterministic on one platform). Seeds 1, 2, 3 give
+    # 79.17, 79.03 and 82.30 % (seed-to-seed sd 1.7). The tolerance, 0.3 points, is about one
+    # and a half test images (each moves the five-task average by ~0.19) for another platform's
+    # float32 rounding: a fraction of the seed spread, so a changed learner is seen
+    assert R[0, 0] == pytest.approx(109 / 111, abs=1.5 / 111)
+    assert metrics["summary"]["final_avg_accuracy"] == pytest.approx(78.46371258135963, abs=0.3)
 
 
 def test_split_digits_quick_run_writes_its_outputs(tmp_path):

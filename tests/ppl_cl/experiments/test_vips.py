@@ -19,8 +19,10 @@ def test_registered_with_stable_names_and_paper_numbers():
         assert name in reg, name
     t1 = reg["vips-table1"]
     assert t1.headline
-    assert t1.paper["kin8nm_m_vips"].value == 2967 and t1.paper["concrete_rmse_vips"].value == 0.36
-    assert reg["vips-speed-accuracy"].paper["m_vips_batch4"].value == 29
+    # Table 1's rows are the per-dataset vips-uci keys (the paper numbers themselves are
+    # checked against a run in the Fig. 2a test and against the claims in test_registry.py)
+    for d in ("concrete", "skillcraft", "kin8nm", "elevators", "bike"):
+        assert {f"{d}_{k}" for k in reg["vips-uci"].paper} <= set(t1.paper), d
     cfg = build_config(reg["vips-uci"], quick=False, overrides={"dataset": "kin8nm"})
     assert cfg.learner.oips_rho == 0.96 and cfg.learner.delta == 0.05
 
@@ -198,6 +200,10 @@ def test_fig2a_reference_draw_gives_the_papers_m_per_batch():
     ms = [gp.update(Batch(data.x[r], data.y[r]))["m"]
           for r in cut_batches(stream_order(data.x), 4)]
     assert ms == [8, 15, 22, 29]
+    # the registered paper numbers are Fig. 2a's: this run on the authors' draw reproduces them
+    paper = registry()["vips-speed-accuracy"].paper
+    assert ms == [paper[f"m_vips_batch{i}"].value for i in (1, 2, 3, 4)]
+    assert paper["final_m_vips"].value == ms[-1]
 
 
 def test_compilation_cache_keeps_only_programs_above_its_floor(tmp_path, monkeypatch):
