@@ -41,7 +41,7 @@ DATASETS = ("synthetic", "robot_arm", "schools", "parkinsons_motor", "parkinsons
 
 
 def _tasks(name: str, seed: int = 0):
-    from ppl_cl.experiments.gp_ella import split_and_center
+    from ppl_cl.data.standardize import split_and_center
 
     if name == "schools":
         from ppl_cl.data.loaders import load_schools

@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _stream(dataset: str, data_dir: str | None):
-    from ppl_cl.experiments.vips import (DEFAULT_BATCHES, DEFAULT_FOLDS, VIPSUCIConfig,
-                                         uci_data, uci_stream)
+    from ppl_cl.data.streams import uci_stream
+    from ppl_cl.experiments.vips import DEFAULT_BATCHES, DEFAULT_FOLDS, VIPSUCIConfig, uci_data
 
     x, y, order = uci_data(VIPSUCIConfig(dataset=dataset), data_dir)
     B = DEFAULT_BATCHES.get(dataset, 20)

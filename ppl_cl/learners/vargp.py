@@ -31,6 +31,7 @@ from models.vargp import (MAX_PLATE_NESTING, HyperPosterior, Hyperparameters, In
 from models.vargp_math import (concat_inducing_inputs, f_marginals, kernel_theta, mc_softmax,
                                task_slices)
 from ppl_cl.batch import Batch, as_numpy
+from ppl_cl.configs import CHECKPOINT_EVERY_S
 from ppl_cl.configs.vargp import VARGPConfig
 from ppl_cl.learner import Learner, check_batch
 from ppl_cl.predictive import CategoricalPredictive
@@ -126,7 +127,7 @@ class VARGP(Learner):
     # -- the protocol --------------------------------------------------------------------------
     def update(self, batch: Batch, validation: Batch | None = None, *,
                snapshot: Callable[[dict[str, Any]], None] | None = None,
-               snapshot_every_s: float = 600.0,
+               snapshot_every_s: float = CHECKPOINT_EVERY_S,
                resume: dict[str, Any] | None = None) -> dict[str, Any]:
         """Train on the next task (Algorithm 1); old tasks' parameters stay frozen.
 
