@@ -47,6 +47,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from ppl_cl.batch import Batch, as_numpy
+from ppl_cl.configs.validate import check_ints, check_positive
 from ppl_cl.data.streams import Stream, Unit, class_units
 from ppl_cl.experiments.base import RunContext, register
 from ppl_cl.learners import learner_class
@@ -104,18 +105,11 @@ class CompareConfig:
         bad = [n for n in self.learners if n not in COMPARE_LEARNERS]
         if bad:
             raise ValueError(f"learners: unknown {bad}; known: {sorted(COMPARE_LEARNERS)}")
-        for name in ("n_train", "n_test", "n_units", "exact_max_train", "vargp_inducing"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name}: expected an int >= 0, received {v!r}")
-        if not (isinstance(self.rff_lengthscale, (int, float)) and self.rff_lengthscale >= 0):
-            raise ValueError(f"rff_lengthscale: expected a number >= 0, received "
-                             f"{self.rff_lengthscale!r}")
-        for name in ("chunk_size", "vargp_max_epochs", "gibbs_steps", "gibbs_chains",
-                     "fixed_m", "rff_features"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}: expected an int >= 1, received {v!r}")
+        check_ints(self, "n_train", "n_test", "n_units", "exact_max_train", "vargp_inducing",
+                   minimum=0)
+        check_positive(self, "rff_lengthscale", allow_zero=True)
+        check_ints(self, "chunk_size", "vargp_max_epochs", "gibbs_steps", "gibbs_chains",
+                   "fixed_m", "rff_features")
 
 
 # ---------------------------------------------------------------------------------------------
