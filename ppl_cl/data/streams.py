@@ -584,6 +584,9 @@ def per_class(x, y, n: int, rng: np.random.Generator):
 
 
 def class_units(xtr, ytr, xte, yte, groups, n_train: int, n_test: int, seed: int) -> list:
+    """The :func:`split_tasks` of ``groups`` as :class:`Unit` objects, each class cut to at most
+    ``n_train`` training and ``n_test`` test rows (:func:`per_class`; one generator seeded by
+    ``seed``), inputs as float32."""
     rng = np.random.default_rng(seed)
     out = []
     for t in split_tasks(xtr, ytr, xte, yte, groups):
