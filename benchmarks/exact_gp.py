@@ -32,7 +32,8 @@ from ppl_cl.provenance import (code_version, machine_info, relative_to_repo,  # 
                                write_json)
 
 
-def main(argv=None) -> dict:
+def _arguments(argv) -> argparse.Namespace:
+    """The command line (``--smoke``: the smoke test's tiny sizes)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[500, 1000, 2000])
     p.add_argument("--dim", type=int, default=8)
@@ -43,6 +44,11 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     if args.smoke:
         args.sizes, args.dim, args.repeats = [40], 2, 1
+    return args
+
+
+def main(argv=None) -> dict:
+    args = _arguments(argv)
     load_before = os.getloadavg()
 
     import jax

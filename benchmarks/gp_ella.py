@@ -41,7 +41,7 @@ DATASETS = ("synthetic", "robot_arm", "schools", "parkinsons_motor", "parkinsons
 
 
 def _tasks(name: str, seed: int = 0):
-    from ppl_cl.experiments.gp_ella import split_and_center
+    from ppl_cl.data.standardize import split_and_center
 
     if name == "schools":
         from ppl_cl.data.loaders import load_schools
@@ -76,7 +76,8 @@ def _time_pass(make, data) -> tuple[float, float, list]:
     return t1 - t0, time.perf_counter() - t1, records
 
 
-def main(argv=None) -> dict:
+def _arguments(argv) -> argparse.Namespace:
+    """The command line (``--smoke``: the smoke test's tiny sizes)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--datasets", nargs="+", default=list(DATASETS))
     p.add_argument("--repeats", type=int, default=5)
@@ -87,6 +88,11 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     if args.smoke:
         args.datasets, args.repeats, args.max_tasks, args.k = ["synthetic"], 1, 3, 2
+    return args
+
+
+def main(argv=None) -> dict:
+    args = _arguments(argv)
 
     from ppl_cl.data.root import MissingDataError
     from ppl_cl.learners.gp_ella import GPELLA

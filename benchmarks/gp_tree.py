@@ -107,7 +107,8 @@ def _letter_node_z(num: int) -> np.ndarray:
     return np.resize(f, num)
 
 
-def main(argv=None) -> dict:
+def _arguments(argv) -> argparse.Namespace:
+    """The command line (``--smoke``: the smoke test's tiny sizes)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--draws", type=int, default=1_000_000)
     p.add_argument("--repeats", type=int, default=5)
@@ -123,23 +124,17 @@ def main(argv=None) -> dict:
     if args.smoke:
         args.draws, args.repeats, args.node_size, args.chains = 2000, 1, 20, 4
         args.large_node_size, args.sweeps = 40, 5
-    out_path = Path(args.out) if Path(args.out).is_absolute() else REPO / args.out
+    return args
 
+
+def _pg_draws(args) -> list[dict]:
+    """Polya-Gamma draws per second, ours (float64 and float32) against ``polyagamma``."""
     import torch
     from polyagamma import random_polyagamma as pg_ref
 
-    from inference.pg_gibbs import PGGibbs, pad_problems
-    from inference.polya_gamma import random_polyagamma, random_polyagamma_reference
-    from models.gp_tree import NodeKernelParams, node_gram
+    from inference.polya_gamma import random_polyagamma
 
-    torch.set_num_threads(1)
-    result: dict = {
-        "machine": {"cpu": _cpu_name(), "cores_visible": os.cpu_count(),
-                    "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-                    "torch": torch.__version__, "load_average_start": os.getloadavg()},
-        "settings": {**vars(args), "out": _relative(out_path)},
-        "pg_draws": [],
-    }
+    rows = []
     zs = {"normal_sd3": np.random.default_rng(0).normal(0.0, 3.0, args.draws),
           "gptree_root_node": _letter_node_z(args.draws)}
     for name, z in zs.items():
@@ -156,74 +151,105 @@ def main(argv=None) -> dict:
             key = str(dtype).split(".")[-1]
             row[f"ours_{key}_draws_per_s"] = args.draws / t
             row[f"ours_{key}_over_polyagamma"] = t_ref / t
-        result["pg_draws"].append(row)
+        rows.append(row)
         print(json.dumps(row))
+    return rows
+
+
+def _gibbs_row(args, size: int, params) -> dict:
+    """Gibbs sweeps per second for one node of ``size`` points: ours, the reference PG scheme
+    and the reference code's sweep, and the parts of ours timed apart."""
+    import torch
+
+    from inference.pg_gibbs import PGGibbs, pad_problems
+    from inference.polya_gamma import random_polyagamma, random_polyagamma_reference
+    from models.gp_tree import node_gram, sample_f_given_omega
+
+    rng = np.random.default_rng(2)
+    X = torch.as_tensor(rng.normal(size=(size, 16)))
+    y = torch.as_tensor((rng.normal(size=size) > 0).astype(np.int64))
+    problem = pad_problems([node_gram(params, X)], [y.to(torch.float64) - 0.5])
+    n_sweeps = args.sweeps if size == args.node_size else max(2, args.sweeps // 5)
+    row: dict = {"node_size": size, "chains": args.chains, "sweeps_per_timing": n_sweeps}
+    for scheme in ("torch", "polyagamma"):
+        engine = PGGibbs(num_chains=args.chains, pg_sampler=scheme)
+        state = engine.init(0, problem)
+
+        def run():
+            s = state
+            for _ in range(n_sweeps):
+                s, _ = engine.step(None, s, problem)
+
+        run()
+        wall, cpu = _both(run, args.repeats)
+        key = "ours" if scheme == "torch" else "reference_pg_scheme"
+        row[f"{key}_sweeps_per_s"] = n_sweeps / wall
+        row[f"{key}_sweeps_per_s_cpu"] = n_sweeps / cpu
+    # the reference code's sweep (explicit inverses), from the same state
+    K, kappa = problem.K[0], problem.kappa[0]
+    Kinv = torch.inverse(K)
+    gen = torch.Generator().manual_seed(0)
+    seed_gen = np.random.default_rng(0)
+
+    def run_reference_code():
+        om = state.omega[0]
+        for _ in range(n_sweeps):
+            _, om = reference_code_sweep(K, Kinv, kappa, om, gen, seed_gen)
+
+    run_reference_code()
+    wall, cpu = _both(run_reference_code, args.repeats)
+    row["reference_code_sweeps_per_s"] = n_sweeps / wall
+    row["reference_code_sweeps_per_s_cpu"] = n_sweeps / cpu
+    # the parts of our sweep, timed apart (ms per sweep)
+    engine = PGGibbs(num_chains=args.chains)
+    f, om = state.f, state.omega
+    eps = torch.randn((2,) + tuple(f.shape), dtype=f.dtype)
+    ws = engine._workspace
+    gauss = lambda: sample_f_given_omega(problem.K.unsqueeze(1), problem.L.unsqueeze(1), om,
+                                         problem.kappa.unsqueeze(1), eps[0], eps[1],
+                                         ws.get(tuple(f.shape) + (size,), problem.K))
+    g = torch.Generator().manual_seed(1)
+    pg_ours = lambda: random_polyagamma(1, f, g, validate=False)
+    seeds = np.random.default_rng(1)
+    pg_host = lambda: random_polyagamma_reference(1, f, seed=seeds)
+    for name, fn in (("gaussian_step", gauss), ("pg_ours", pg_ours), ("pg_host", pg_host)):
+        fn()
+        wall, cpu = _both(fn, args.repeats)
+        row[f"{name}_ms"], row[f"{name}_ms_cpu"] = 1e3 * wall, 1e3 * cpu
+    for clock in ("", "_cpu"):
+        ours = row[f"ours_sweeps_per_s{clock}"]
+        row[f"ours_over_reference_pg_scheme{clock}"] = ours / row[f"reference_pg_scheme_sweeps_per_s{clock}"]
+        row[f"ours_over_reference_code{clock}"] = ours / row[f"reference_code_sweeps_per_s{clock}"]
+        # Amdahl: our sweep against the reference PG scheme if our PG draws took no time
+        G, P = row[f"gaussian_step_ms{clock}"], row[f"pg_host_ms{clock}"]
+        row[f"bound_with_free_pg_draws{clock}"] = (G + P) / G
+    return row
+
+
+def main(argv=None) -> dict:
+    args = _arguments(argv)
+    out_path = Path(args.out) if Path(args.out).is_absolute() else REPO / args.out
+
+    import torch
+
+    from models.gp_tree import NodeKernelParams
+
+    torch.set_num_threads(1)
+    result: dict = {
+        "machine": {"cpu": _cpu_name(), "cores_visible": os.cpu_count(),
+                    "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+                    "torch": torch.__version__, "load_average_start": os.getloadavg()},
+        "settings": {**vars(args), "out": _relative(out_path)},
+        "pg_draws": [],
+    }
+    result["pg_draws"] = _pg_draws(args)
 
     # Gibbs sweeps for one node
-    from models.gp_tree import sample_f_given_omega
-
     params = NodeKernelParams(torch.tensor(8.0, dtype=torch.float64),
                               torch.tensor(1.0, dtype=torch.float64), 1e-3)
     result["gibbs_sweeps"] = []
     for size in (args.node_size, args.large_node_size):
-        rng = np.random.default_rng(2)
-        X = torch.as_tensor(rng.normal(size=(size, 16)))
-        y = torch.as_tensor((rng.normal(size=size) > 0).astype(np.int64))
-        problem = pad_problems([node_gram(params, X)], [y.to(torch.float64) - 0.5])
-        n_sweeps = args.sweeps if size == args.node_size else max(2, args.sweeps // 5)
-        row: dict = {"node_size": size, "chains": args.chains, "sweeps_per_timing": n_sweeps}
-        for scheme in ("torch", "polyagamma"):
-            engine = PGGibbs(num_chains=args.chains, pg_sampler=scheme)
-            state = engine.init(0, problem)
-
-            def run():
-                s = state
-                for _ in range(n_sweeps):
-                    s, _ = engine.step(None, s, problem)
-
-            run()
-            wall, cpu = _both(run, args.repeats)
-            key = "ours" if scheme == "torch" else "reference_pg_scheme"
-            row[f"{key}_sweeps_per_s"] = n_sweeps / wall
-            row[f"{key}_sweeps_per_s_cpu"] = n_sweeps / cpu
-        # the reference code's sweep (explicit inverses), from the same state
-        K, kappa = problem.K[0], problem.kappa[0]
-        Kinv = torch.inverse(K)
-        gen = torch.Generator().manual_seed(0)
-        seed_gen = np.random.default_rng(0)
-
-        def run_reference_code():
-            om = state.omega[0]
-            for _ in range(n_sweeps):
-                _, om = reference_code_sweep(K, Kinv, kappa, om, gen, seed_gen)
-
-        run_reference_code()
-        wall, cpu = _both(run_reference_code, args.repeats)
-        row["reference_code_sweeps_per_s"] = n_sweeps / wall
-        row["reference_code_sweeps_per_s_cpu"] = n_sweeps / cpu
-        # the parts of our sweep, timed apart (ms per sweep)
-        engine = PGGibbs(num_chains=args.chains)
-        f, om = state.f, state.omega
-        eps = torch.randn((2,) + tuple(f.shape), dtype=f.dtype)
-        ws = engine._workspace
-        gauss = lambda: sample_f_given_omega(problem.K.unsqueeze(1), problem.L.unsqueeze(1), om,
-                                             problem.kappa.unsqueeze(1), eps[0], eps[1],
-                                             ws.get(tuple(f.shape) + (size,), problem.K))
-        g = torch.Generator().manual_seed(1)
-        pg_ours = lambda: random_polyagamma(1, f, g, validate=False)
-        seeds = np.random.default_rng(1)
-        pg_host = lambda: random_polyagamma_reference(1, f, seed=seeds)
-        for name, fn in (("gaussian_step", gauss), ("pg_ours", pg_ours), ("pg_host", pg_host)):
-            fn()
-            wall, cpu = _both(fn, args.repeats)
-            row[f"{name}_ms"], row[f"{name}_ms_cpu"] = 1e3 * wall, 1e3 * cpu
-        for clock in ("", "_cpu"):
-            ours = row[f"ours_sweeps_per_s{clock}"]
-            row[f"ours_over_reference_pg_scheme{clock}"] = ours / row[f"reference_pg_scheme_sweeps_per_s{clock}"]
-            row[f"ours_over_reference_code{clock}"] = ours / row[f"reference_code_sweeps_per_s{clock}"]
-            # Amdahl: our sweep against the reference PG scheme if our PG draws took no time
-            G, P = row[f"gaussian_step_ms{clock}"], row[f"pg_host_ms{clock}"]
-            row[f"bound_with_free_pg_draws{clock}"] = (G + P) / G
+        row = _gibbs_row(args, size, params)
         result["gibbs_sweeps"].append(row)
         print(json.dumps(row))
     result["machine"]["load_average_end"] = os.getloadavg()

@@ -248,7 +248,8 @@ def time_dynamax(args, m: int, n: int) -> dict:
 # ---------------------------------------------------------------------------------------------
 # the benchmark
 # ---------------------------------------------------------------------------------------------
-def main(argv=None) -> dict:
+def _arguments(argv) -> argparse.Namespace:
+    """The command line (``--smoke``: the smoke test's tiny sizes)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024])
     p.add_argument("--classes", type=int, nargs="+", default=[10])
@@ -266,109 +267,108 @@ def main(argv=None) -> dict:
     p.add_argument("--m", type=int, help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.worker == "dynamax":
-        dynamax_worker(args)
-        return {}
     if args.smoke:
         args.sizes, args.classes, args.repeats, args.seconds = [16], [3], 1, 0.01
         args.peak_repeats = 3
+    return args
 
+
+class _Recorder:
+    """``rec(method, m, K, n, seconds, bytes_per_point=None, **extra)``: one row of the
+    result (and a printed line)."""
+
+    def __init__(self, itemsize: int):
+        self.rows: list[dict] = []
+        self.itemsize = itemsize
+
+    def __call__(self, method, m, K, n, seconds, bytes_per_point=None, **extra):
+        row = {"method": method, "task": "regression" if K == 1 else "classification", "m": m,
+               "K": K, "n_points": n, "seconds": seconds, "points_per_s": n / seconds, **extra}
+        if bytes_per_point is not None:
+            row["bandwidth"] = (n / seconds, bytes_per_point, (m * m + m * K) * self.itemsize)
+        self.rows.append(row)
+        print(f"{row['task']:14s} {method:44s} m={m:5d} K={K:4d} {n / seconds:12.0f} pts/s",
+              flush=True)
+
+
+def _outputs(fn):
+    """Our side returns the final state and the log marginal likelihood."""
+    import jax.numpy as jnp
+
+    def run(key, state, X, Y, params, options, **kw):
+        final, info = fn(key, state, X, Y, params, options, **kw)
+        return final.mean, final.covariance, jnp.sum(info.log_predictive)
+    return run
+
+
+def _time_size(args, m: int, K: int, dtype, record, scan, blocked) -> None:
+    """Time every filter at state size ``m`` and ``K`` outputs (1: regression), recording each
+    with ``record`` (a :class:`_Recorder`)."""
     import jax
     import jax.numpy as jnp
 
     from inference import kalman as kf
     from models.kalman import DriftPrior, GaussianLikelihood, SoftmaxLikelihood, SurrogateLikelihood
 
-    if args.dtype == "float64":
-        jax.config.update("jax_enable_x64", True)
-    dtype = jnp.dtype(args.dtype)
     itemsize = dtype.itemsize
-    load_before = os.getloadavg()
-    caches = cache_sizes()
-    peak_bytes = max(256 * 1024 ** 2, 4 * max(caches.values(), default=0))
-    peaks = [peak_copy_bandwidth(peak_bytes, args.peak_repeats)]
-    rows: list[dict] = []
+    bpp = (3 * m * m + 3 * m * K + m) * itemsize
+    # N from a rough per-point cost (at least 2 m^2 flops), a multiple of 128
+    n = int(args.seconds / max(4e-6, 4.0 * m * m / 4e9))
+    n = max(512, min(100_000, n // 128 * 128))
+    X, Y, s_w2, s2 = stream(m, K, n, args.dtype)
+    if K == 1:
+        params = kf.KalmanParams(DriftPrior(s_w2), GaussianLikelihood(s2))
+        options = kf.FilterOptions(learning_rate=0.1, likelihood="gaussian", learn_forgetting=False)
+    else:
+        params = kf.KalmanParams(DriftPrior(s_w2), SurrogateLikelihood(s2),
+                                 SoftmaxLikelihood(1.0))
+        options = kf.FilterOptions(learning_rate=0.1, likelihood="softmax",
+                                   learn_forgetting=False, num_samples=1)
+    state = kf.init(m, K, prior=params.prior, initial_forgetting=GAMMA, dtype=dtype)
+    Xj, Yj = jnp.asarray(X), jnp.asarray(Y)
+    key = jax.random.PRNGKey(SEED)
+    lls = {}
+    for method, fn, kw in (
+            ("ours-scan", scan, {}),
+            (f"ours-blocked (B={kf.default_block_size(m, dtype)}, default)", blocked, {}),
+            (f"ours-blocked (B={kf.default_block_size(m)} = m/8)", blocked,
+             {"block_size": kf.default_block_size(m)})):
+        compiled = fn.lower(key, state, Xj, Yj, params, options, **kw).compile()
+        run = lambda: jax.block_until_ready(compiled(key, state, Xj, Yj, params))  # noqa: E731,B023
+        out = run()
+        t = best_of(run, args.repeats)
+        extra = {"bytes_per_point": bpp} if method == "ours-scan" else {}
+        lls[method] = float(out[2])
+        record(method, m, K, n, t, **extra)
+    # NumPy: the Gaussian (surrogate) log marginal of the same targets
+    n_np = max(256, min(n, int(0.5 * args.seconds / (2.0 * m * m / 2e9 + 1.5e-5))))
+    T = Y[:n_np, None] if K == 1 else np.eye(K, dtype=args.dtype)[Y[:n_np]]
+    t = best_of(lambda: numpy_inplace_filter(X[:n_np], T, GAMMA, s_w2, s2),
+                args.repeats)
+    record("numpy-inplace", m, K, n_np, t, bytes_per_point=bpp)
+    if K == 1:
+        # consistency: the same log marginal likelihood on the first n_np points
+        ll_np = numpy_inplace_filter(X[:n_np], T, GAMMA, s_w2, s2)[2]
+        _, _, ll_ours = jax.jit(_outputs(kf.filter), static_argnames=("options",))(
+            key, state, Xj[:n_np], Yj[:n_np], params, options)
+        record.rows[-1]["loglik_rel_diff_vs_ours"] = abs(ll_np - float(ll_ours)) / abs(ll_np)
+    if K == 1 and not args.no_dynamax:
+        n_dx = max(64, min(n, int(0.5 * args.seconds / (6.0 * m**3 / 2e10 + 2e-5))))
+        res = time_dynamax(args, m, n_dx)
+        if "error" in res:
+            print(f"dynamax failed at m={m}: {res['error']}", flush=True)
+            return
+        _, _, ll_ours = jax.jit(_outputs(kf.filter), static_argnames=("options",))(
+            key, state, Xj[:n_dx], Yj[:n_dx], params, options)
+        for r in res["rows"]:
+            record(f"dynamax-lgssm_filter, generic dense ({r['output']})", m, 1,
+                   r["n_points"], r["seconds"], dynamax=res["dynamax"],
+                   loglik_rel_diff_vs_ours=abs(r["loglik"] - float(ll_ours))
+                   / abs(float(ll_ours)))
 
-    def record(method, m, K, n, seconds, bytes_per_point=None, **extra):
-        row = {"method": method, "task": "regression" if K == 1 else "classification", "m": m,
-               "K": K, "n_points": n, "seconds": seconds, "points_per_s": n / seconds, **extra}
-        if bytes_per_point is not None:
-            row["bandwidth"] = (n / seconds, bytes_per_point, (m * m + m * K) * itemsize)
-        rows.append(row)
-        print(f"{row['task']:14s} {method:44s} m={m:5d} K={K:4d} {n / seconds:12.0f} pts/s",
-              flush=True)
 
-    # our side returns the final state and the log marginal likelihood
-    def outputs(fn):
-        def run(key, state, X, Y, params, options, **kw):
-            final, info = fn(key, state, X, Y, params, options, **kw)
-            return final.mean, final.covariance, jnp.sum(info.log_predictive)
-        return run
-
-    scan = jax.jit(outputs(kf.filter), static_argnames=("options",))
-    blocked = jax.jit(outputs(kf.filter_blocked), static_argnames=("options", "block_size"))
-    for m in args.sizes:
-        for K in [1] + list(args.classes):
-            bpp = (3 * m * m + 3 * m * K + m) * itemsize
-            # N from a rough per-point cost (at least 2 m^2 flops), a multiple of 128
-            n = int(args.seconds / max(4e-6, 4.0 * m * m / 4e9))
-            n = max(512, min(100_000, n // 128 * 128))
-            X, Y, s_w2, s2 = stream(m, K, n, args.dtype)
-            if K == 1:
-                params = kf.KalmanParams(DriftPrior(s_w2), GaussianLikelihood(s2))
-                options = kf.FilterOptions(learning_rate=0.1,
-                                           likelihood="gaussian", learn_forgetting=False)
-            else:
-                params = kf.KalmanParams(DriftPrior(s_w2), SurrogateLikelihood(s2),
-                                         SoftmaxLikelihood(1.0))
-                options = kf.FilterOptions(learning_rate=0.1,
-                                           likelihood="softmax", learn_forgetting=False,
-                                           num_samples=1)
-            state = kf.init(m, K, prior=params.prior, initial_forgetting=GAMMA, dtype=dtype)
-            Xj, Yj = jnp.asarray(X), jnp.asarray(Y)
-            key = jax.random.PRNGKey(SEED)
-            lls = {}
-            for method, fn, kw in (
-                    ("ours-scan", scan, {}),
-                    (f"ours-blocked (B={kf.default_block_size(m, dtype)}, default)", blocked, {}),
-                    (f"ours-blocked (B={kf.default_block_size(m)} = m/8)", blocked,
-                     {"block_size": kf.default_block_size(m)})):
-                compiled = fn.lower(key, state, Xj, Yj, params, options, **kw).compile()
-                run = lambda: jax.block_until_ready(compiled(key, state, Xj, Yj, params))  # noqa: E731,B023
-                out = run()
-                t = best_of(run, args.repeats)
-                extra = {"bytes_per_point": bpp} if method == "ours-scan" else {}
-                lls[method] = float(out[2])
-                record(method, m, K, n, t, **extra)
-            # NumPy: the Gaussian (surrogate) log marginal of the same targets
-            n_np = max(256, min(n, int(0.5 * args.seconds / (2.0 * m * m / 2e9 + 1.5e-5))))
-            T = Y[:n_np, None] if K == 1 else np.eye(K, dtype=args.dtype)[Y[:n_np]]
-            t = best_of(lambda: numpy_inplace_filter(X[:n_np], T, GAMMA, s_w2, s2),
-                        args.repeats)
-            record("numpy-inplace", m, K, n_np, t, bytes_per_point=bpp)
-            if K == 1:
-                # consistency: the same log marginal likelihood on the first n_np points
-                ll_np = numpy_inplace_filter(X[:n_np], T, GAMMA, s_w2, s2)[2]
-                _, _, ll_ours = jax.jit(outputs(kf.filter), static_argnames=("options",))(
-                    key, state, Xj[:n_np], Yj[:n_np], params, options)
-                rows[-1]["loglik_rel_diff_vs_ours"] = abs(ll_np - float(ll_ours)) / abs(ll_np)
-            if K == 1 and not args.no_dynamax:
-                n_dx = max(64, min(n, int(0.5 * args.seconds / (6.0 * m**3 / 2e10 + 2e-5))))
-                res = time_dynamax(args, m, n_dx)
-                if "error" in res:
-                    print(f"dynamax failed at m={m}: {res['error']}", flush=True)
-                    continue
-                _, _, ll_ours = jax.jit(outputs(kf.filter), static_argnames=("options",))(
-                    key, state, Xj[:n_dx], Yj[:n_dx], params, options)
-                for r in res["rows"]:
-                    record(f"dynamax-lgssm_filter, generic dense ({r['output']})", m, 1,
-                           r["n_points"], r["seconds"], dynamax=res["dynamax"],
-                           loglik_rel_diff_vs_ours=abs(r["loglik"] - float(ll_ours))
-                           / abs(float(ll_ours)))
-
-    # the peak again after the timings (the load may have changed); the larger one is the peak
-    peaks.append(peak_copy_bandwidth(peak_bytes, args.peak_repeats))
-    peak = max(pk["bytes_per_s"] for pk in peaks)
+def _add_bandwidth(rows: list[dict], peak: float, caches: dict) -> None:
+    """The bandwidth fields of the per-point rows (:func:`bandwidth_fields`)."""
     for row in rows:
         if "bandwidth" in row:
             row.update(bandwidth_fields(*row.pop("bandwidth"), peak, caches))
@@ -377,6 +377,9 @@ def main(argv=None) -> dict:
                   f"{row['achieved_over_peak_copy_bandwidth']:.2f} x measured peak copy "
                   f"bandwidth ({row['bandwidth_note'].split(':')[0]})", flush=True)
 
+
+def _ratios(args, rows: list[dict]) -> dict:
+    """Our points per second over the NumPy and dynamax filters', per size and task."""
     def pps(prefix, m, K):
         got = [r["points_per_s"] for r in rows
                if r["method"].startswith(prefix) and r["m"] == m and r["K"] == K]
@@ -396,7 +399,12 @@ def main(argv=None) -> dict:
                 dx = pps("dynamax-lgssm_filter, generic dense (loglik only)", m, 1)
                 ratios[f"{task}_m{m}_scan_over_dynamax_generic_loglik_only"] = scan_pps / dx
                 ratios[f"{task}_m{m}_best_ours_over_dynamax_generic_loglik_only"] = best_ours / dx
-    result = {
+    return ratios
+
+
+def _result(args, jax, rows, ratios, peaks, peak, caches, load_before) -> dict:
+    """The benchmark's JSON."""
+    return {
         "benchmark": "kalman",
         "machine": {**machine_info(), "jax": jax.__version__, "device": str(jax.devices()[0]),
                     "load_average_before": load_before, "load_average_after": os.getloadavg(),
@@ -444,10 +452,43 @@ def main(argv=None) -> dict:
                   "the machine is shared: the load averages are recorded"]
         + (["--smoke: tiny sizes, the numbers mean nothing"] if args.smoke else []),
     }
+
+
+def main(argv=None) -> dict:
+    args = _arguments(argv)
+    if args.worker == "dynamax":
+        dynamax_worker(args)
+        return {}
+
+    import jax
+    import jax.numpy as jnp
+
+    from inference import kalman as kf
+
+    if args.dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
+    dtype = jnp.dtype(args.dtype)
+    load_before = os.getloadavg()
+    caches = cache_sizes()
+    peak_bytes = max(256 * 1024 ** 2, 4 * max(caches.values(), default=0))
+    peaks = [peak_copy_bandwidth(peak_bytes, args.peak_repeats)]
+    record = _Recorder(dtype.itemsize)
+    scan = jax.jit(_outputs(kf.filter), static_argnames=("options",))
+    blocked = jax.jit(_outputs(kf.filter_blocked), static_argnames=("options", "block_size"))
+    for m in args.sizes:
+        for K in [1] + list(args.classes):
+            _time_size(args, m, K, dtype, record, scan, blocked)
+
+    # the peak again after the timings (the load may have changed); the larger one is the peak
+    peaks.append(peak_copy_bandwidth(peak_bytes, args.peak_repeats))
+    peak = max(pk["bytes_per_s"] for pk in peaks)
+    rows = record.rows
+    _add_bandwidth(rows, peak, caches)
+    ratios = _ratios(args, rows)
+    result = _result(args, jax, rows, ratios, peaks, peak, caches, load_before)
     print(json.dumps(ratios, indent=2))
     print(f"wrote {relative_to_repo(write_json(args.out, result))}")
     return result
-
 
 if __name__ == "__main__":
     main()

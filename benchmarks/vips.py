@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _stream(dataset: str, data_dir: str | None):
-    from ppl_cl.experiments.vips import (DEFAULT_BATCHES, DEFAULT_FOLDS, VIPSUCIConfig,
-                                         uci_data, uci_stream)
+    from ppl_cl.data.streams import uci_stream
+    from ppl_cl.experiments.vips import DEFAULT_BATCHES, DEFAULT_FOLDS, VIPSUCIConfig, uci_data
 
     x, y, order = uci_data(VIPSUCIConfig(dataset=dataset), data_dir)
     B = DEFAULT_BATCHES.get(dataset, 20)
@@ -135,7 +135,8 @@ def totals(rows: list[dict], gpflow: dict | None) -> dict:
     return out
 
 
-def main(argv=None) -> dict:
+def _arguments(argv) -> argparse.Namespace:
+    """The command line (``--smoke``: concrete, 2 batches; GPflow only where installed)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dataset", nargs="+", default=["naval"])
     p.add_argument("--batches", type=int, default=20)
@@ -163,6 +164,11 @@ def main(argv=None) -> dict:
         except (OSError, TypeError):   # no such interpreter, or no --gpflow-python
             found = False
         args.gpflow_python = args.gpflow_python if found else None
+    return args
+
+
+def main(argv=None) -> dict:
+    args = _arguments(argv)
     cache = args.cache_dir or tempfile.mkdtemp(prefix="vips-bench-jax-cache-")
     os.environ["PPL_CL_JAX_CACHE"] = cache
     from ppl_cl.experiments.vips import enable_compilation_cache

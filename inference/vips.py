@@ -107,7 +107,7 @@ def noise_code(stats: TargetStats, y: Array) -> float:
 # ------------------------------------------------------------------------------------------
 # buffers: one ladder of sizes, padded on the host
 # ------------------------------------------------------------------------------------------
-def _bucket(n: int, minimum: int = 32) -> int:
+def bucket(n: int, minimum: int = 32) -> int:
     """Buffer size for ``n`` rows: the next power of two up to 256, then the smallest
     ``2^k * {1, 1.25, 1.5, 1.75}`` >= ``n`` (few distinct shapes, so few compilations; at most
     25 % padding where the cubic cost matters).
@@ -128,7 +128,7 @@ def _bucket(n: int, minimum: int = 32) -> int:
     return 2 ** (k + 1)  # pragma: no cover
 
 
-def _pad_rows(A, n: int) -> np.ndarray:
+def pad_rows(A, n: int) -> np.ndarray:
     """``A`` zero-padded along its leading axis to ``n`` rows (on the host: padding with JAX
     operations outside ``jit`` would compile a small program per shape)."""
     A = np.asarray(A)
@@ -140,16 +140,16 @@ def _pad_rows(A, n: int) -> np.ndarray:
 def _pad_data(X: Array, y: Array):
     """``(X, y)`` zero-padded to a size bucket, with the mask of real rows."""
     N = X.shape[0]
-    n = _bucket(N)
-    return (jnp.asarray(_pad_rows(X, n)), jnp.asarray(_pad_rows(y, n)),
+    n = bucket(N)
+    return (jnp.asarray(pad_rows(X, n)), jnp.asarray(pad_rows(y, n)),
             jnp.asarray(np.arange(n) < N))
 
 
 def _pad_inducing(Z: Array, size: int | None = None):
     """``Z`` padded to ``size`` rows (default: its bucket), with the mask of real rows."""
     M = Z.shape[0]
-    n = _bucket(M) if size is None else int(size)
-    return jnp.asarray(_pad_rows(Z, n)), jnp.asarray(np.arange(n) < M)
+    n = bucket(M) if size is None else int(size)
+    return jnp.asarray(pad_rows(Z, n)), jnp.asarray(np.arange(n) < M)
 
 
 def _pad_old(old: OldPosterior, size: int) -> tuple[OldPosterior, np.ndarray]:
@@ -162,7 +162,7 @@ def _pad_old(old: OldPosterior, size: int) -> tuple[OldPosterior, np.ndarray]:
         out[:Ma, :Ma] = C
         return out
 
-    return OldPosterior(_pad_rows(a, size), _pad_rows(m, size), pad_cov(S), pad_cov(Kp)), \
+    return OldPosterior(pad_rows(a, size), pad_rows(m, size), pad_cov(S), pad_cov(Kp)), \
         np.arange(size) < Ma
 
 
@@ -185,7 +185,7 @@ def pad_terms(terms: OldTerms, size: int) -> OldTerms:
     A[:n, :n] = np.asarray(terms.A)
     mask = np.zeros(size, bool)
     mask[:n] = True if terms.mask is None else np.asarray(terms.mask)
-    return OldTerms(jnp.asarray(_pad_rows(terms.a, size)), jnp.asarray(_pad_rows(terms.w, size)),
+    return OldTerms(jnp.asarray(pad_rows(terms.a, size)), jnp.asarray(pad_rows(terms.w, size)),
                     jnp.asarray(A), terms.const, jnp.asarray(mask))
 
 
@@ -205,7 +205,7 @@ def prepare_old(old: OldPosterior | None, jitter: float, size: int | None = None
     if old is None:
         return None
     Ma = old.inducing_inputs.shape[0]
-    n = _bucket(Ma) if size is None else max(int(size), _bucket(Ma))
+    n = bucket(Ma) if size is None else max(int(size), bucket(Ma))
     padded, mask = _pad_old(old, n)
     return _old_terms_jit(OldPosterior(*(jnp.asarray(v) for v in padded)),
                           jitter=jnp.asarray(jitter), mask=jnp.asarray(mask))
@@ -219,7 +219,7 @@ def _old_size(terms: OldTerms | None) -> int:
 
 def _joint_size(M: int, terms: OldTerms | None) -> int:
     """One buffer size for ``b`` (``M`` rows) and the old terms."""
-    return max(_bucket(M), 0 if terms is None else terms.a.shape[0])
+    return max(bucket(M), 0 if terms is None else terms.a.shape[0])
 
 
 @jax.jit
@@ -412,9 +412,9 @@ def _grow(state: _GreedyState, size: int) -> _GreedyState:
     Pa = np.zeros((size, size))
     Pa[:C, :C] = np.asarray(state.Pa)
     return state._replace(L=square(state.L, 1.0), LD=square(state.LD, 1.0),
-                          Pf=jnp.asarray(_pad_rows(state.Pf, size)), Pa=jnp.asarray(Pa),
-                          v=jnp.asarray(_pad_rows(state.v, size)),
-                          B=jnp.asarray(_pad_rows(state.B, size)))
+                          Pf=jnp.asarray(pad_rows(state.Pf, size)), Pa=jnp.asarray(Pa),
+                          v=jnp.asarray(pad_rows(state.v, size)),
+                          B=jnp.asarray(pad_rows(state.B, size)))
 
 
 def greedy_variance_selection(params: GPRegressionParams, X: Array, y: Array,
@@ -453,7 +453,7 @@ def greedy_variance_selection(params: GPRegressionParams, X: Array, y: Array,
     N, d = X.shape
     max_new = N if max_new is None else min(int(max_new), N)
     Ma = _old_size(old)
-    C = max(_bucket(Ma + 1), 0 if old is None else old.a.shape[0])
+    C = max(bucket(Ma + 1), 0 if old is None else old.a.shape[0])
     terms = _terms_at(old, d, C)
     Xp, yp, fmask = _pad_data(X, y)
     jit = jnp.asarray(jitter)
@@ -476,7 +476,7 @@ def greedy_variance_selection(params: GPRegressionParams, X: Array, y: Array,
         more = (float(state.F) < threshold or k < min_new) and k < max_new
         if not more:
             break
-        C = _bucket(C + 1)                      # the buffer is full: the next rung
+        C = bucket(C + 1)                      # the buffer is full: the next rung
         state = _grow(state, C)
         terms = pad_terms(terms, C)
     return GreedyResult(np.asarray(state.order)[:k], np.asarray(state.hist)[:k + 1],
@@ -500,7 +500,7 @@ def greedy_variance_from_scratch(params: GPRegressionParams, X: Array, y: Array,
     chosen: list[int] = []
     if a is None:
         Xp, yp, xm = _pad_data(X, y)
-        size = _bucket(1)
+        size = bucket(1)
         F = float(_start(params, Xp, yp, xm, empty_old_terms(X.shape[1], size),
                          jnp.asarray(jitter))[0])
         resid = np.asarray(params.kernel.diag(X))
@@ -573,12 +573,12 @@ def pivoted_cholesky(kernel: Kernel, pool: Array, eta: float, cap: int, rng: Arr
     if cap <= 0:
         return np.zeros(0, np.int64)
     perm = np.asarray(jax.random.permutation(rng, P))
-    Pn = _bucket(P)
-    Pp = jnp.asarray(_pad_rows(pool[perm], Pn))
+    Pn = bucket(P)
+    Pp = jnp.asarray(pad_rows(pool[perm], Pn))
     pmask_np = np.arange(Pn) < P
     pmask = jnp.asarray(pmask_np)
     di0 = np.where(pmask_np, np.asarray(_kernel_diag(kernel, Pp)) + 1e-6, -np.inf)
-    R = min(_bucket(min(cap, 64) + 1, minimum=2), _bucket(cap + 1, minimum=2))
+    R = min(bucket(min(cap, 64) + 1, minimum=2), bucket(cap + 1, minimum=2))
     piv0 = np.zeros(R + 1, np.int32)
     piv0[0] = int(np.argmax(di0))
     state = _PivotState(jnp.asarray(0, jnp.int32), jnp.asarray(di0), jnp.zeros((R, Pn)),
@@ -589,10 +589,10 @@ def pivoted_cholesky(kernel: Kernel, pool: Array, eta: float, cap: int, rng: Arr
         m = int(state.m)
         if bool(state.done) or m >= cap - 1:
             break
-        R2 = _bucket(R + 1, minimum=2)        # the buffer is full: the next rung
+        R2 = bucket(R + 1, minimum=2)        # the buffer is full: the next rung
         piv = np.zeros(R2 + 1, np.int32)
         piv[: R + 1] = np.asarray(state.piv)
-        state = state._replace(rows=jnp.asarray(_pad_rows(state.rows, R2)),
+        state = state._replace(rows=jnp.asarray(pad_rows(state.rows, R2)),
                                piv=jnp.asarray(piv))
         R = R2
     # stopped at pivot m - 1 (0-based): keep the pivots before it, as MDPP.py (indices[:m])
@@ -801,8 +801,8 @@ class OIPS(_Base):
         else:
             start = np.asarray(old.inducing_inputs, np.float64)
         M0 = int(start.shape[0])
-        C = _bucket(M0 + N)
-        Zbuf = jnp.asarray(_pad_rows(start, C))
+        C = bucket(M0 + N)
+        Zbuf = jnp.asarray(pad_rows(start, C))
         Xp, _, xm = _pad_data(X, np.zeros(N))
         Zb, n, _ = _oips_scan(oips_kernel(params.kernel), Zbuf, jnp.asarray(M0, jnp.int32), Xp,
                               xm, jnp.asarray(self.rho, jnp.float64))

@@ -27,6 +27,7 @@ import sys
 import threading
 from pathlib import Path
 
+from ppl_cl.configs import CHECKPOINT_EVERY_S
 from ppl_cl.errors import ConfigError, DeviceError, Terminated
 
 __all__ = ["main"]
@@ -136,7 +137,7 @@ def _cmd_compare(args) -> int:
         for name, (_, doc) in compare.STREAMS.items():
             print(f"  {name:<28} {doc}")
         print("learners:")
-        for name, d in compare.LEARNERS.items():
+        for name, d in compare.COMPARE_LEARNERS.items():
             print(f"  {name:<28} {d.kind:<15} {d.label}")
         return 0
     if args.stream not in compare.STREAMS:
@@ -245,45 +246,44 @@ def _cmd_data(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ppl-cl", description=__doc__.splitlines()[0])
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--data-dir", default=None, help="data root searched first")
-    common.add_argument("--debug", action="store_true",
-                        help="show the traceback of an error (default: one line)")
-    sub = p.add_subparsers(dest="cmd", required=True)
+def _add_run_options(sp) -> None:
+    """The options `ppl-cl run` and `ppl-cl reproduce` share."""
+    sp.add_argument("--quick", action="store_true", help="small sizes (minutes on a CPU)")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--device", default="cpu", help="cpu or cuda")
+    sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="progress bars (default: when stderr is a terminal)")
+    sp.add_argument("--resume", action="store_true",
+                    help="continue a stopped run from the checkpoints in its run folder "
+                         "(same experiment, seed and settings; a finished run is left as "
+                         "it is)")
+    sp.add_argument("--force", action="store_true",
+                    help="replace a finished run in the output folder (with --resume: "
+                         "retrain it from the start)")
+    sp.add_argument("--threads", type=int, default=None, metavar="N",
+                    help="threads for torch, JAX and BLAS (default 1, or OMP_NUM_THREADS "
+                         "when set: safe beside other jobs; more only on a machine kept "
+                         "free for this run)")
+    sp.add_argument("--checkpoint-every", type=float, default=CHECKPOINT_EVERY_S,
+                    metavar="SECONDS",
+                    help="seconds between the snapshots saved within a long unit of work "
+                         "(a VAR-GP task), which --resume continues from (default "
+                         "%(default)g)")
 
-    sub.add_parser("list", parents=[common], help="list registered experiments")
 
-    def run_opts(sp):
-        sp.add_argument("--quick", action="store_true", help="small sizes (minutes on a CPU)")
-        sp.add_argument("--seed", type=int, default=0)
-        sp.add_argument("--device", default="cpu", help="cpu or cuda")
-        sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="progress bars (default: when stderr is a terminal)")
-        sp.add_argument("--resume", action="store_true",
-                        help="continue a stopped run from the checkpoints in its run folder "
-                             "(same experiment, seed and settings; a finished run is left as "
-                             "it is)")
-        sp.add_argument("--force", action="store_true",
-                        help="replace a finished run in the output folder (with --resume: "
-                             "retrain it from the start)")
-        sp.add_argument("--threads", type=int, default=None, metavar="N",
-                        help="threads for torch, JAX and BLAS (default 1, or OMP_NUM_THREADS "
-                             "when set: safe beside other jobs; more only on a machine kept "
-                             "free for this run)")
-        sp.add_argument("--checkpoint-every", type=float, default=600.0, metavar="SECONDS",
-                        help="seconds between the snapshots saved within a long unit of work "
-                             "(a VAR-GP task), which --resume continues from (default 600)")
-
+def _add_run(sub, common) -> None:
+    """`ppl-cl run NAME`."""
     r = sub.add_parser("run", parents=[common], help="run one experiment")
     r.add_argument("name")
-    run_opts(r)
+    _add_run_options(r)
     r.add_argument("--out", default=None, help="run folder (default runs/NAME)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override")
 
+
+def _add_reproduce(sub, common) -> None:
+    """`ppl-cl reproduce`."""
     rp = sub.add_parser("reproduce", parents=[common], help="run the headline experiments")
-    run_opts(rp)
+    _add_run_options(rp)
     rp.add_argument("--out", default="runs/reproduce")
     rp.add_argument("--only", nargs="+", default=None,
                     help="only these experiments (headline or not)")
@@ -292,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="config override applied to every experiment (use with --only)")
 
+
+def _add_report(sub, common) -> None:
+    """`ppl-cl report RUN_DIR ...`."""
     rr = sub.add_parser("report", parents=[common],
                         help="the reproduce table from finished run folders (mean ± std)")
     rr.add_argument("run_dirs", nargs="+",
@@ -307,11 +310,17 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--label", default=None,
                     help="the entry's name in the --save file (default: 'quick' or 'default')")
 
+
+def _add_tables(sub, common) -> None:
+    """`ppl-cl tables`."""
     tb = sub.add_parser("tables", parents=[common],
                         help="write the number tables of README.md and docs/*.md from results/")
     tb.add_argument("--check", action="store_true",
                     help="write nothing; exit 1 when a committed table differs")
 
+
+def _add_compare(sub, common) -> None:
+    """`ppl-cl compare STREAM`."""
     cp = sub.add_parser("compare", parents=[common],
                         help="one stream through several learners: one table, one figure")
     cp.add_argument("stream", nargs="?", default=None, help="a stream (--list shows them)")
@@ -330,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--out", default=None, help="folder (default runs/compare-STREAM)")
     cp.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override")
 
+
+def _add_sweep(sub, common) -> None:
+    """`ppl-cl sweep NAME ...`."""
     sw = sub.add_parser("sweep", parents=[common],
                         help="experiments x seeds x --grid values as independent runs (Ray, or "
                              "a local process pool), then the pooled report")
@@ -359,15 +371,32 @@ def build_parser() -> argparse.ArgumentParser:
                     help="cpu or cuda (default: cuda with --gpus-per-run, else cpu)")
     sw.add_argument("--force", action="store_true",
                     help="rerun finished runs, replace folders holding other settings")
-    sw.add_argument("--checkpoint-every", type=float, default=600.0, metavar="SECONDS",
-                    help="as for `ppl-cl run` (default 600)")
+    sw.add_argument("--checkpoint-every", type=float, default=CHECKPOINT_EVERY_S,
+                    metavar="SECONDS", help="as for `ppl-cl run` (default %(default)g)")
 
+
+def _add_data(sub, common) -> None:
+    """`ppl-cl data list|path`."""
     d = sub.add_parser("data", parents=[common], help="datasets: where they are, checksums")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
     dl = dsub.add_parser("list", parents=[common])
     dl.add_argument("--no-checksum", action="store_true", help="skip hashing the files")
     dp = dsub.add_parser("path", parents=[common])
     dp.add_argument("name")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ppl-cl", description=__doc__.splitlines()[0])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", default=None, help="data root searched first")
+    common.add_argument("--debug", action="store_true",
+                        help="show the traceback of an error (default: one line)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    sub.add_parser("list", parents=[common], help="list registered experiments")
+    for add in (_add_run, _add_reproduce, _add_report, _add_tables, _add_compare, _add_sweep,
+                _add_data):
+        add(sub, common)
     return p
 
 

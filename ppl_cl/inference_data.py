@@ -397,6 +397,51 @@ def samples_to_inference_data(samples: Mapping[str, Any], *,
 
 
 # -- Gaussian posteriors -----------------------------------------------------------------------
+def _checked_covariance(name: str, mu: np.ndarray, S_in: Any) -> tuple[str, np.ndarray]:
+    """``(layout, symmetrized covariance)`` of variable ``name`` for :func:`gaussian_draws`:
+    ``"rows"`` (one covariance per row of the last axis) or ``"joint"`` (over the flattened
+    mean); a ``ValueError`` for a shape, a non-finite value or an asymmetry it cannot take."""
+    S_in = _to_numpy(S_in, f"covariance[{name!r}]")
+    # symmetry is checked to the input's precision (a float32 covariance from a GPU learner
+    # is symmetric to ~1e-7 only), then enforced exactly
+    in_dtype = S_in.dtype if np.issubdtype(S_in.dtype, np.floating) else np.float64
+    sym_tol = math.sqrt(np.finfo(in_dtype).eps)
+    S = S_in.astype(np.float64)
+    M = mu.size
+    D = mu.shape[-1] if mu.ndim else 1
+    batch = mu.shape[:-1] if mu.ndim else ()
+    if S.ndim >= 2 and S.shape[-2:] == (D, D) and _broadcastable(S.shape[:-2], batch):
+        kind = "rows"
+    elif S.shape == (M, M):
+        kind = "joint"
+    else:
+        raise ValueError(f"covariance[{name!r}]: expected shape ({M}, {M}) (joint over the "
+                         f"flattened mean of shape {mu.shape}) or broadcastable to "
+                         f"{batch + (D, D)} (one covariance per row of the last axis), "
+                         f"received {S.shape}")
+    if not np.isfinite(S).all():
+        raise ValueError(f"covariance[{name!r}]: expected finite values, received NaN or inf")
+    asym = np.abs(S - np.swapaxes(S, -1, -2)).max(initial=0.0)
+    if asym > sym_tol * max(np.abs(S).max(initial=0.0), 1e-300):
+        raise ValueError(f"covariance[{name!r}]: expected a symmetric matrix (to "
+                         f"{sym_tol:.1g} x max |S|), received max |S - S^T| = {asym:.3g}")
+    return kind, 0.5 * (S + np.swapaxes(S, -1, -2))
+
+
+def _draw(name: str, mu: np.ndarray, kind: str, C: np.ndarray, eps: np.ndarray,
+          warn_jitter: bool) -> np.ndarray:
+    """``mu + (the factor of C) eps``, for each layout of :func:`gaussian_draws`."""
+    num_draws = eps.shape[0]
+    if kind == "variance":
+        return mu + np.sqrt(C) * eps
+    L = jitter_cholesky(C, name=f"covariance[{name!r}]", warn=warn_jitter)
+    if kind == "joint":
+        return mu + (eps.reshape(num_draws, -1) @ L.T).reshape((num_draws,) + mu.shape)
+    if mu.ndim == 0:
+        return mu + L[0, 0] * eps
+    return mu + np.einsum("...ij,s...j->s...i", L, eps)
+
+
 def gaussian_draws(mean: Mapping[str, Any], covariance: Mapping[str, Any] | None = None, *,
                    variance: Mapping[str, Any] | None = None, num_draws: int = 1000,
                    num_chains: int | None = 1, seed: int | np.random.Generator = 0,
@@ -459,47 +504,12 @@ def gaussian_draws(mean: Mapping[str, Any], covariance: Mapping[str, Any] | None
                 raise ValueError(f"variance[{name!r}]: expected finite values >= 0")
             plan.append((name, mu, "variance", v))
             continue
-        S_in = _to_numpy(covariance[name], f"covariance[{name!r}]")
-        # symmetry is checked to the input's precision (a float32 covariance from a GPU learner
-        # is symmetric to ~1e-7 only), then enforced exactly
-        in_dtype = S_in.dtype if np.issubdtype(S_in.dtype, np.floating) else np.float64
-        sym_tol = math.sqrt(np.finfo(in_dtype).eps)
-        S = S_in.astype(np.float64)
-        M = mu.size
-        D = mu.shape[-1] if mu.ndim else 1
-        batch = mu.shape[:-1] if mu.ndim else ()
-        if S.ndim >= 2 and S.shape[-2:] == (D, D) and _broadcastable(S.shape[:-2], batch):
-            kind = "rows"
-        elif S.shape == (M, M):
-            kind = "joint"
-        else:
-            raise ValueError(f"covariance[{name!r}]: expected shape ({M}, {M}) (joint over the "
-                             f"flattened mean of shape {mu.shape}) or broadcastable to "
-                             f"{batch + (D, D)} (one covariance per row of the last axis), "
-                             f"received {S.shape}")
-        if not np.isfinite(S).all():
-            raise ValueError(f"covariance[{name!r}]: expected finite values, received NaN or inf")
-        asym = np.abs(S - np.swapaxes(S, -1, -2)).max(initial=0.0)
-        if asym > sym_tol * max(np.abs(S).max(initial=0.0), 1e-300):
-            raise ValueError(f"covariance[{name!r}]: expected a symmetric matrix (to "
-                             f"{sym_tol:.1g} x max |S|), received max |S - S^T| = {asym:.3g}")
-        plan.append((name, mu, kind, 0.5 * (S + np.swapaxes(S, -1, -2))))
+        plan.append((name, mu, *_checked_covariance(name, mu, covariance[name])))
 
     rng = as_generator(seed)
     draws: dict[str, np.ndarray] = {}
     for name, mu, kind, C in plan:
-        eps = rng.standard_normal((num_draws,) + mu.shape)
-        if kind == "variance":
-            x = mu + np.sqrt(C) * eps
-        elif kind == "joint":
-            L = jitter_cholesky(C, name=f"covariance[{name!r}]", warn=warn_jitter)
-            x = mu + (eps.reshape(num_draws, -1) @ L.T).reshape((num_draws,) + mu.shape)
-        else:
-            L = jitter_cholesky(C, name=f"covariance[{name!r}]", warn=warn_jitter)
-            if mu.ndim == 0:
-                x = mu + L[0, 0] * eps
-            else:
-                x = mu + np.einsum("...ij,s...j->s...i", L, eps)
+        x = _draw(name, mu, kind, C, rng.standard_normal((num_draws,) + mu.shape), warn_jitter)
         draws[name] = x.reshape((chains, num_draws // chains) + mu.shape)
     return draws
 

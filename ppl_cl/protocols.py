@@ -2,6 +2,8 @@
 
 * :func:`evaluate_tasks` — one row of the accuracy matrix ``R[i, j]`` and of the mean
   predictive entropy after a task (VAR-GP Table 1 / Fig. 3, GP-Tree);
+* :func:`predict_tasks` — the predictives of the test sets of the tasks so far (pooled
+  regression scores, calibration);
 * :func:`continual_tasks` — tasks one after another: ``update`` on task ``i`` (with its
   validation batch where the learner takes one), then every task's test set scored; resumable
   after any task (VAR-GP Sect. 5, Split / Permuted MNIST);
@@ -26,8 +28,8 @@ from ppl_cl.metrics import average_accuracy, final_average_accuracy, forgetting
 from ppl_cl.predictive import CategoricalPredictive, GaussianPredictive
 from ppl_cl.progress import progress as _progress
 
-__all__ = ["evaluate_tasks", "ContinualResult", "continual_tasks", "PrequentialResult",
-           "prequential", "select_prequential"]
+__all__ = ["evaluate_tasks", "predict_tasks", "ContinualResult", "continual_tasks",
+           "PrequentialResult", "prequential", "select_prequential"]
 
 
 # -- continual tasks ----------------------------------------------------------------------------
@@ -82,6 +84,25 @@ def evaluate_tasks(learner: Any, tasks: Sequence[Any], upto: int | None = None,
         accuracies[j] = predictive.accuracy(y)
         entropies[j] = predictive.entropy().mean()
     return accuracies, entropies
+
+
+def predict_tasks(learner: Any, tasks: Sequence[Any], upto: int | None = None,
+                  use_task_id: bool = False) -> list:
+    """``learner.predict(task.test.x, task_id=...)`` for tasks ``0..upto`` (all when ``upto``
+    is None), in order: the predictives :func:`evaluate_tasks` scores, for any metric (the
+    pooled test RMSE / NLPD of a regression stream, the calibration of the test predictions).
+
+    Args: as :func:`evaluate_tasks`.
+    """
+    T = len(tasks)
+    if T == 0:
+        raise ValueError("tasks: expected at least one task, received none")
+    upto = T - 1 if upto is None else upto
+    if not isinstance(upto, (int, np.integer)) or not 0 <= upto < T:
+        raise ValueError(f"upto: expected an int in 0..{T - 1}, received {upto!r}")
+    return [learner.predict(task.test.x,
+                            task_id=getattr(task, "task_id", None) if use_task_id else None)
+            for task in tasks[: int(upto) + 1]]
 
 
 @dataclass(frozen=True)
@@ -190,7 +211,7 @@ class PrequentialResult:
 
 
 def prequential(learner: Any, chunks: Iterable[Batch], progress: bool | None = False, *,
-                keep_predictives: bool = False) -> PrequentialResult:
+                keep_predictives: bool = False, score: bool = True) -> PrequentialResult:
     """Prequential (predict-then-learn) evaluation over a stream (Kalman OCL Sect. 4.2).
 
     For each chunk ``S_n``: ``p = learner.predict(S_n.x, task_id=S_n.task_id)`` *before*
@@ -206,6 +227,9 @@ def prequential(learner: Any, chunks: Iterable[Batch], progress: bool | None = F
         progress: show a progress bar (``None``: the ``PPL_CL_PROGRESS`` default).
         keep_predictives: also return every chunk's predictive (e.g. the predictive means of
             Kalman OCL Fig. 1).
+        score: predict each chunk before learning from it; ``False``: learn only (a stream
+            of new tasks, which a multi-task learner has no predictive for before their
+            data), and the result's per-point arrays are empty.
 
     Returns:
         :class:`PrequentialResult`.
@@ -217,6 +241,9 @@ def prequential(learner: Any, chunks: Iterable[Batch], progress: bool | None = F
             raise TypeError(f"chunks[{n}]: expected a Batch, received {type(chunk).__name__}")
         if chunk.y is None:
             raise ValueError(f"chunks[{n}]: expected targets y, received None")
+        if not score:
+            records.append(learner.update(chunk))
+            continue
         pred = learner.predict(chunk.x, task_id=chunk.task_id)
         if isinstance(pred, CategoricalPredictive):
             this = "categorical"

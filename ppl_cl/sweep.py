@@ -52,7 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ppl_cl.errors import ConfigError
+from ppl_cl.configs import CHECKPOINT_EVERY_S
+from ppl_cl.errors import ConfigError, DeviceError
 
 __all__ = ["SweepRun", "parse_grid", "expand", "run_folder", "plan", "usable_cpus",
            "ray_available", "sweep"]
@@ -480,11 +481,11 @@ def _run_ray(tasks: list[dict], *, address: str | None, cpus: int, gpus: float,
 # ---------------------------------------------------------------------------------------------
 def _headline(run: SweepRun, summary: dict) -> str:
     from ppl_cl.experiments import get
-    from ppl_cl.experiments.reproduce import _fmt
+    from ppl_cl.experiments.reproduce import format_value
 
     keys = [k for k in get(run.experiment).table_keys if k in summary][:3] or \
         [k for k, v in summary.items() if isinstance(v, float)][:3]
-    return ", ".join(f"{k}={_fmt(summary[k])}" for k in keys)
+    return ", ".join(f"{k}={format_value(summary[k])}" for k in keys)
 
 
 def _memory_env(gpus_per_run: float) -> dict[str, str]:
@@ -503,44 +504,12 @@ def _forwarded_env() -> dict[str, str]:
     return {EXTRA_ENV: os.environ[EXTRA_ENV]} if os.environ.get(EXTRA_ENV) else {}
 
 
-def sweep(names: Sequence[str], *, out: str | Path, seeds: Sequence[int] = (0,),
-          grid: dict[str, list[str]] | None = None, sets: dict[str, str] | None = None,
-          quick: bool = False, address: str | None = None,
-          local_processes: int | None = None, cpus_per_run: int = 1,
-          gpus_per_run: float = 0.0, device: str | None = None, force: bool = False,
-          checkpoint_every_s: float = 600.0, data_dir: str | None = None,
-          echo: Callable[[str], None] | None = None) -> dict:
-    """Run the sweep (see the module docstring) and write ``out/sweep.json`` and the pooled
-    report ``out/report.md`` / ``out/reproduce.json`` of its finished runs.
+def _executor(address: str | None, local_processes: int | None, cpus_per_run: int,
+              gpus_per_run: float, device: str | None, checkpoint_every_s: float):
+    """Check the executor's arguments of :func:`sweep` (a :class:`ConfigError` before any run);
+    returns ``(device, use_ray, local_processes, default_pool)``."""
+    from ppl_cl.configs.validate import check_device_name
 
-    Args:
-        names, seeds, grid, sets, quick: the runs (:func:`expand`).
-        address: a Ray cluster (``"auto"``, ``"HOST:PORT"``, ``"ray://HOST:PORT"``); None: a
-            local Ray instance, or the local pool when Ray is not installed.
-        local_processes: run on a local pool of this many processes (no Ray).
-        cpus_per_run: CPUs declared per run, and its thread budget.
-        gpus_per_run: GPUs declared per run (Ray), a fraction to share one (0.5: two runs per
-            GPU); with it ``device`` defaults to ``"cuda"``.
-        device: ``--device`` of every run (default ``"cpu"``, or ``"cuda"`` with GPUs).
-        force: rerun finished runs and replace folders of other settings.
-        checkpoint_every_s, data_dir: as for ``ppl-cl run``.
-        echo: where the progress lines go (default: stderr).
-
-    Raises:
-        ConfigError: bad arguments, unknown experiments or keys, a folder of other settings,
-            Ray asked for but not installed; raised before any run starts.
-
-    Returns:
-        ``{"runs": [...], "failed": [...], "executor": ..., "report": path or None}``; each
-        run's entry has ``experiment, seed, overrides, dir, action, status`` (``done``,
-        ``skipped``: finished earlier, ``failed``, ``unfinished``: stopped or never started
-        by an interrupted sweep), ``error``, ``wall_time_s``, ``summary``.
-    """
-    from ppl_cl.experiments.base import _check_device
-    from ppl_cl.experiments.reproduce import collect
-    from ppl_cl.persist import atomic_write_text
-
-    echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
     if isinstance(cpus_per_run, bool) or not isinstance(cpus_per_run, int) or cpus_per_run < 1:
         raise ConfigError(f"--cpus-per-run: expected an int >= 1, received {cpus_per_run!r}")
     if not 0 <= gpus_per_run <= 1:
@@ -550,7 +519,7 @@ def sweep(names: Sequence[str], *, out: str | Path, seeds: Sequence[int] = (0,),
         raise ConfigError(f"--checkpoint-every: expected >= 0 seconds, received "
                           f"{checkpoint_every_s!r}")
     device = device or ("cuda" if gpus_per_run > 0 else "cpu")
-    _check_device(device)
+    check_device_name(device, "--device", DeviceError)
     if device == "cpu" and gpus_per_run > 0:
         raise ConfigError("--gpus-per-run with --device cpu would hold GPUs no run uses")
     if local_processes is not None:
@@ -581,18 +550,23 @@ def sweep(names: Sequence[str], *, out: str | Path, seeds: Sequence[int] = (0,),
                 "oversubscribes the machine (runs slow down far more than in proportion); "
                 "lower one of them")
 
+    return device, use_ray, local_processes, default_pool
+
+
+def _folders(out: str | Path, data_dir: str | None) -> tuple[Path, str | None]:
+    """The sweep's folder and the data root, checked and made absolute."""
     out = Path(out).absolute()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: expected a folder, received the file {out}")
     if data_dir is not None and not Path(data_dir).expanduser().is_dir():
         raise ConfigError(f"--data-dir {data_dir}: no such folder")
     data_dir = None if data_dir is None else str(Path(data_dir).expanduser().absolute())
-    runs = expand(names, seeds, grid, sets=sets, quick=quick, out=out)
-    actions = plan(runs, force=force)
-    if default_pool:   # said once the names and folders are known good
-        echo(f"ppl-cl sweep: Ray is not installed: a local pool of {local_processes} "
-             f"process(es) (pip install -e \".[ray]\" for Ray)")
+    return out, data_dir
 
+
+def _entries(runs: list, actions: list[str], out: Path, count, echo) -> list[dict]:
+    """One ``sweep.json`` entry per run; the runs finished earlier are marked ``skipped``
+    with their summary (and said)."""
     n = len(runs)
     entries: list[dict] = [{"experiment": r.experiment, "seed": r.seed, "quick": r.quick,
                             "overrides": r.overrides, "grid": r.grid, "dir": str(r.out_dir),
@@ -600,69 +574,50 @@ def sweep(names: Sequence[str], *, out: str | Path, seeds: Sequence[int] = (0,),
                             "status": "unfinished", "error": None, "wall_time_s": None,
                             "summary": None}
                            for r, a in zip(runs, actions)]
-    count = itertools.count(1)
     for r, e in zip(runs, entries):
         if e["action"] == "skip":
             e["status"] = "skipped"
             e["summary"] = json.loads((r.out_dir / "metrics.json").read_text())["summary"]
             echo(f"[{next(count)}/{n}] skipped {r.label}: finished earlier "
                  f"({_headline(r, e['summary'])})")
-    todo = [i for i, e in enumerate(entries) if e["action"] != "skip"]
-    where = (f"Ray ({address or 'a local instance'}), {cpus_per_run} CPU(s)"
-             + (f" and {gpus_per_run:g} GPU" if gpus_per_run else "") + " per run"
-             if use_ray else
-             f"a local pool of {local_processes} process(es) x {cpus_per_run} thread(s)")
-    resumed = sum(entries[i]["action"] == "resume" for i in todo)
-    echo(f"ppl-cl sweep: {n} run(s): {n - len(todo)} finished earlier, {resumed} to resume, "
-         f"{len(todo) - resumed} to start, on {where}")
+    return entries
 
-    env = {**_memory_env(gpus_per_run), **_forwarded_env()}
-    tasks = [{"argv": _run_argv(runs[i], entries[i]["action"], threads=cpus_per_run,
-                                device=device, checkpoint_every_s=checkpoint_every_s,
-                                data_dir=data_dir),
-              "log": entries[i]["log"], "env": env} for i in todo]
 
-    def save() -> None:
-        atomic_write_text(out / "sweep.json", json.dumps(
-            {"executor": "ray" if use_ray else "local", "address": address,
-             "cpus_per_run": cpus_per_run, "gpus_per_run": gpus_per_run, "device": device,
-             "runs": entries}, indent=2, default=str))
+def _where(use_ray: bool, address: str | None, cpus_per_run: int, gpus_per_run: float,
+           local_processes: int | None) -> str:
+    """The executor, in words (the sweep's first line)."""
+    return (f"Ray ({address or 'a local instance'}), {cpus_per_run} CPU(s)"
+            + (f" and {gpus_per_run:g} GPU" if gpus_per_run else "") + " per run"
+            if use_ray else
+            f"a local pool of {local_processes} process(es) x {cpus_per_run} thread(s)")
 
-    def on_done(k: int, result: dict) -> None:
-        i = todo[k]
-        run, e = runs[i], entries[i]
-        e["wall_time_s"] = result["wall_time_s"]
-        e["host"] = result.get("host")
-        metrics_path = run.out_dir / "metrics.json"
-        if result["returncode"] == 0 and not metrics_path.is_file():
-            result = {**result, "error": f"the run finished on {result.get('host')} but "
-                      f"{metrics_path} is not visible here: --out must be on a file system "
-                      "that every node shares"}
-        if result["error"] is None:
-            e["status"] = "done"
-            e["summary"] = json.loads(metrics_path.read_text())["summary"]
-            echo(f"[{next(count)}/{n}] done {run.label} in {result['wall_time_s']:.1f} s "
-                 f"({_headline(run, e['summary'])})")
-        else:
-            e["status"], e["error"] = "failed", result["error"]
-            echo(f"[{next(count)}/{n}] FAILED {run.label}: {result['error']} "
-                 f"(log: {e['log']})")
-        save()
 
-    from ppl_cl.persist import make_folder
+def _record(run: Any, e: dict, result: dict, prefix: str, echo) -> None:
+    """Write a finished run's ``result`` (from the executor) into its entry ``e`` and say it;
+    a run that ended well but whose ``metrics.json`` this machine cannot see failed."""
+    e["wall_time_s"] = result["wall_time_s"]
+    e["host"] = result.get("host")
+    metrics_path = run.out_dir / "metrics.json"
+    if result["returncode"] == 0 and not metrics_path.is_file():
+        result = {**result, "error": f"the run finished on {result.get('host')} but "
+                  f"{metrics_path} is not visible here: --out must be on a file system "
+                  "that every node shares"}
+    if result["error"] is None:
+        e["status"] = "done"
+        e["summary"] = json.loads(metrics_path.read_text())["summary"]
+        echo(f"{prefix} done {run.label} in {result['wall_time_s']:.1f} s "
+             f"({_headline(run, e['summary'])})")
+    else:
+        e["status"], e["error"] = "failed", result["error"]
+        echo(f"{prefix} FAILED {run.label}: {result['error']} (log: {e['log']})")
 
-    make_folder(out)
-    save()
-    try:
-        if tasks:
-            if use_ray:
-                _run_ray(tasks, address=address, cpus=cpus_per_run, gpus=gpus_per_run,
-                         on_done=on_done)
-            else:
-                _run_local(tasks, local_processes, on_done)
-    finally:
-        save()
 
+def _report(runs: list, entries: list[dict], out: Path, echo, executor: str) -> dict:
+    """The pooled report of the finished runs (:func:`ppl_cl.experiments.reproduce.collect`)
+    and :func:`sweep`'s result."""
+    from ppl_cl.experiments.reproduce import collect
+
+    n = len(runs)
     finished = [r.out_dir for r, e in zip(runs, entries) if e["status"] in ("done", "skipped")]
     report = None
     if finished:
@@ -671,6 +626,87 @@ def sweep(names: Sequence[str], *, out: str | Path, seeds: Sequence[int] = (0,),
     failed = [e for e in entries if e["status"] == "failed"]
     echo(f"ppl-cl sweep: {len(finished)} of {n} run(s) finished, {len(failed)} failed"
          + (f"; report: {report}" if report else ""))
-    return {"runs": entries, "failed": failed, "executor": "ray" if use_ray else "local",
+    return {"runs": entries, "failed": failed, "executor": executor,
             "report": report}
 
+
+def sweep(names: Sequence[str], *, out: str | Path, seeds: Sequence[int] = (0,),
+          grid: dict[str, list[str]] | None = None, sets: dict[str, str] | None = None,
+          quick: bool = False, address: str | None = None,
+          local_processes: int | None = None, cpus_per_run: int = 1,
+          gpus_per_run: float = 0.0, device: str | None = None, force: bool = False,
+          checkpoint_every_s: float = CHECKPOINT_EVERY_S, data_dir: str | None = None,
+          echo: Callable[[str], None] | None = None) -> dict:
+    """Run the sweep (module docstring); write ``out/sweep.json`` and the pooled report
+    ``out/report.md`` / ``out/reproduce.json`` of its finished runs.
+
+    Args:
+        names, seeds, grid, sets, quick: the runs (:func:`expand`).
+        address: a Ray cluster (``"auto"``, ``"HOST:PORT"``, ``"ray://HOST:PORT"``); None: a
+            local Ray instance, or the local pool when Ray is not installed.
+        local_processes: processes of a local pool (no Ray); cpus_per_run: CPUs = threads per run.
+        gpus_per_run: GPUs per run (Ray), a fraction to share one (0.5: two runs per GPU).
+        device: ``--device`` of every run (default ``"cpu"``, or ``"cuda"`` with GPUs).
+        force: rerun finished runs and replace folders of other settings.
+        checkpoint_every_s, data_dir: as for ``ppl-cl run``; echo: the progress lines' sink.
+
+    Raises:
+        ConfigError: before any run starts: bad arguments, unknown experiments or keys, a
+            folder of other settings, Ray asked for but not installed.
+
+    Returns:
+        ``{"runs": [...], "failed": [...], "executor": ..., "report": path or None}``; each
+        run's entry has ``experiment, seed, overrides, dir, action, status`` (``done``,
+        ``skipped``: finished earlier, ``failed``, ``unfinished``: stopped or never started
+        by an interrupted sweep), ``error``, ``wall_time_s``, ``summary``.
+    """
+    from ppl_cl.persist import atomic_write_text, make_folder
+
+    echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
+    device, use_ray, local_processes, default_pool = _executor(
+        address, local_processes, cpus_per_run, gpus_per_run, device, checkpoint_every_s)
+
+    out, data_dir = _folders(out, data_dir)
+    runs = expand(names, seeds, grid, sets=sets, quick=quick, out=out)
+    actions = plan(runs, force=force)
+    if default_pool:   # said once the names and folders are known good
+        echo(f"ppl-cl sweep: Ray is not installed: a local pool of {local_processes} "
+             f"process(es) (pip install -e \".[ray]\" for Ray)")
+
+    n, count = len(runs), itertools.count(1)
+    entries = _entries(runs, actions, out, count, echo)
+    todo = [i for i, e in enumerate(entries) if e["action"] != "skip"]
+    resumed = sum(entries[i]["action"] == "resume" for i in todo)
+    echo(f"ppl-cl sweep: {n} run(s): {n - len(todo)} finished earlier, {resumed} to resume, "
+         f"{len(todo) - resumed} to start, on "
+         f"{_where(use_ray, address, cpus_per_run, gpus_per_run, local_processes)}")
+
+    env = {**_memory_env(gpus_per_run), **_forwarded_env()}
+    argv = {"threads": cpus_per_run, "device": device, "checkpoint_every_s": checkpoint_every_s,
+            "data_dir": data_dir}
+    tasks = [{"argv": _run_argv(runs[i], entries[i]["action"], **argv),
+              "log": entries[i]["log"], "env": env} for i in todo]
+
+    meta = {"executor": "ray" if use_ray else "local", "address": address,
+            "cpus_per_run": cpus_per_run, "gpus_per_run": gpus_per_run, "device": device}
+
+    def save() -> None:
+        atomic_write_text(out / "sweep.json", json.dumps({**meta, "runs": entries}, indent=2,
+                                                         default=str))
+
+    def on_done(k: int, result: dict) -> None:
+        _record(runs[todo[k]], entries[todo[k]], result, f"[{next(count)}/{n}]", echo)
+        save()
+
+    make_folder(out)
+    save()
+    try:
+        if tasks and use_ray:
+            _run_ray(tasks, address=address, cpus=cpus_per_run, gpus=gpus_per_run,
+                     on_done=on_done)
+        elif tasks:
+            _run_local(tasks, local_processes, on_done)
+    finally:
+        save()
+
+    return _report(runs, entries, out, echo, meta["executor"])

@@ -510,7 +510,7 @@ def _compare_table(stream: str, entry: str) -> Callable[[Results], str]:
     """``compare-<stream>``: one row per learner that ran, one column per metric of the
     stream's kind (``ppl_cl.experiments.compare.METRICS``), mean ± std over seeds."""
     def render(results: Results) -> str:
-        from ppl_cl.experiments.compare import LEARNERS, METRICS
+        from ppl_cl.experiments.compare import COMPARE_LEARNERS, METRICS
 
         def _key(metric: str, learner: str) -> str:      # compare's summary keys
             return f"{metric}_{learner.replace('-', '_')}"
@@ -520,11 +520,11 @@ def _compare_table(stream: str, entry: str) -> Callable[[Results], str]:
         kind = "regression" if any(k.startswith("rmse_") for k in (e or {}).get("summary", {})) \
             else "classification"
         cols = METRICS[kind]
-        names = [n for n in LEARNERS if e is not None and any(
+        names = [n for n in COMPARE_LEARNERS if e is not None and any(
             _key(m, n) in e["summary"] for m, _, _ in cols)]
         rows = []
         for n in names:
-            rows.append([f"{LEARNERS[n].label} (`{n}`)"] + [
+            rows.append([f"{COMPARE_LEARNERS[n].label} (`{n}`)"] + [
                 Val(exp, entry, _key(m, n), _decimals(fmt)) for m, _, fmt in cols])
         if not rows:
             rows = [["—"] + ["—"] * len(cols)]

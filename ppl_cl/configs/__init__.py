@@ -13,7 +13,9 @@ Helpers:
 * :func:`to_dict` / :func:`from_dict` — a config as JSON values and back (nested dataclasses,
   tuples), for ``config.json`` and checkpoints;
 * :func:`parse_value` / :func:`apply_overrides` — the ``--set key=value`` strings of the CLI,
-  with dotted keys into nested configs (``learner.beta=10``).
+  with dotted keys into nested configs (``learner.beta=10``);
+* :mod:`ppl_cl.configs.validate` — the field checks every config's ``__post_init__`` uses
+  (one message style), re-exported here, and the one check of a device string.
 """
 
 from __future__ import annotations
@@ -24,42 +26,17 @@ import types
 import typing
 from typing import Any
 
+from ppl_cl.configs.validate import (check_choices, check_device_name, check_ints,
+                                    check_positive)
 from ppl_cl.errors import ConfigError
 
 __all__ = ["ConfigError", "make_config", "to_dict", "from_dict", "parse_value",
-           "apply_overrides", "field_names", "check_positive", "check_ints", "check_choices"]
+           "apply_overrides", "field_names", "check_positive", "check_ints", "check_choices",
+           "check_device_name", "CHECKPOINT_EVERY_S"]
 
-
-def check_positive(config: Any, *names: str, allow_zero: bool = False) -> None:
-    """``ValueError`` naming the first field of ``names`` that is not a finite number > 0
-    (>= 0 with ``allow_zero``); for a config's ``__post_init__``."""
-    import math
-
-    for name in names:
-        v = getattr(config, name)
-        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and (
-            v >= 0 if allow_zero else v > 0)
-        if not ok:
-            raise ValueError(f"{name}: expected a finite number {'>=' if allow_zero else '>'} 0, "
-                             f"received {v!r}")
-
-
-def check_ints(config: Any, *names: str, minimum: int = 1) -> None:
-    """``ValueError`` naming the first field of ``names`` that is not an int >= ``minimum``."""
-    for name in names:
-        v = getattr(config, name)
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise ValueError(f"{name}: expected an int >= {minimum}, received {v!r}")
-
-
-def check_choices(config: Any) -> None:
-    """``ValueError`` for a ``Literal``-typed field whose value is not one of its choices."""
-    for name, typ in _hints(type(config)).items():
-        if typing.get_origin(typ) is typing.Literal:
-            allowed = typing.get_args(typ)
-            if getattr(config, name) not in allowed:
-                raise ValueError(f"{name}: expected one of {allowed}, received "
-                                 f"{getattr(config, name)!r}")
+#: seconds between the checkpoints of a run and the within-task snapshots of a learner
+#: (``ppl-cl run --checkpoint-every``, ``ppl-cl sweep``, ``VARGP.update(snapshot_every_s=)``)
+CHECKPOINT_EVERY_S = 600.0
 
 
 def field_names(cls: type) -> list[str]:

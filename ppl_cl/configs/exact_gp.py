@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ppl_cl.configs import check_choices, check_ints, check_positive
+from ppl_cl.configs.validate import check_choices, check_ints, check_positive
 
 __all__ = ["ExactGPConfig"]
 

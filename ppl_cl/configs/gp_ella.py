@@ -6,10 +6,11 @@ the paper section or the authors' file it follows ("ours" where the paper is sil
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal
+
+from ppl_cl.configs.validate import check_ints, check_positive
 
 __all__ = ["GPELLAConfig", "LinearELLAConfig", "IndividualGPConfig", "SharedGPConfig",
            "MultiTaskGPConfig", "PAPER_GRID_EXPONENTS", "SMOOTHING_SCALES"]
@@ -18,18 +19,8 @@ PAPER_GRID_EXPONENTS: tuple[float, ...] = (-12.0, -8.0, -4.0, 0.0)
 """mu and lambda are tuned over exp(e) for these e (Sect. 5.2)."""
 
 
-def _positive(obj, *names: str) -> None:
-    for name in names:
-        v = getattr(obj, name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise ValueError(f"{name}: expected a positive number, received {v!r}")
 
 
-def _positive_int(obj, *names: str) -> None:
-    for name in names:
-        v = getattr(obj, name)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}: expected an int >= 1, received {v!r}")
 
 
 @dataclass(frozen=True)
@@ -58,8 +49,8 @@ class _SingleTaskGPFields:
     """Task data are padded to a multiple of this many rows (compiled-shape reuse; exact)."""
 
     def _check_gp(self) -> None:
-        _positive_int(self, "max_iterations", "pad_multiple")
-        _positive(self, "min_noise_variance", "init_noise_ratio", "theta_lower", "theta_upper",
+        check_ints(self, "max_iterations", "pad_multiple")
+        check_positive(self, "min_noise_variance", "init_noise_ratio", "theta_lower", "theta_upper",
                   "fit_tolerance")
         if self.theta_upper <= self.theta_lower:
             raise ValueError(f"theta_upper: expected > theta_lower ({self.theta_lower}), "
@@ -100,7 +91,7 @@ class _SmoothingFields:
     scale (ours; the paper gives none)."""
 
     def _check_smoothing(self) -> None:
-        _positive(self, "smoothing_variance")
+        check_positive(self, "smoothing_variance")
         r = self.smoothing_ratio
         if isinstance(r, bool) or not isinstance(r, (int, float)) or math.isnan(r) or r < 0:
             raise ValueError(f"smoothing_ratio: expected a number >= 0 (inf allowed), received "
@@ -164,8 +155,8 @@ class GPELLAConfig(_SmoothingFields, _SingleTaskGPFields):
 
     def __post_init__(self) -> None:
         self._check_gp()
-        _positive_int(self, "num_components", "max_inner_iterations", "line_search_points")
-        _positive(self, "mu", "lam", "inner_tolerance")
+        check_ints(self, "num_components", "max_inner_iterations", "line_search_points")
+        check_positive(self, "mu", "lam", "inner_tolerance")
         self._check_smoothing()
         if self.hessian not in ("autodiff", "closed_form"):
             raise ValueError(f"hessian: expected 'autodiff' or 'closed_form', received "
@@ -203,8 +194,8 @@ class LinearELLAConfig:
     """Seed of L ~ N(0, 1) (ELLA.py: np.random.randn(d, k))."""
 
     def __post_init__(self) -> None:
-        _positive_int(self, "num_components", "max_inner_iterations")
-        _positive(self, "mu", "lam", "ridge", "inner_tolerance")
+        check_ints(self, "num_components", "max_inner_iterations")
+        check_positive(self, "mu", "lam", "ridge", "inner_tolerance")
 
 
 @dataclass(frozen=True)
@@ -244,7 +235,7 @@ class SharedGPConfig(_SingleTaskGPFields):
 
     def __post_init__(self) -> None:
         self._check_gp()
-        _positive_int(self, "max_train")
+        check_ints(self, "max_train")
 
 
 @dataclass(frozen=True)
@@ -260,13 +251,4 @@ class MultiTaskGPConfig(_SingleTaskGPFields):
 
     def __post_init__(self) -> None:
         self._check_gp()
-        _positive_int(self, "rank", "max_train")
-
-
-def replace(config, **overrides):
-    """``dataclasses.replace`` that names the config class in the error for unknown fields."""
-    names = {f.name for f in dataclasses.fields(config)}
-    bad = sorted(set(overrides) - names)
-    if bad:
-        raise TypeError(f"{type(config).__name__}: unknown field(s) {bad}; fields: {sorted(names)}")
-    return dataclasses.replace(config, **overrides)
+        check_ints(self, "rank", "max_train")

@@ -8,24 +8,16 @@ the paper is followed and the field says so.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Literal
+
+from ppl_cl.configs.validate import check_device_name, int_at_least, one_of, positive
 
 __all__ = ["GPTreeConfig", "SBMGPConfig", "LSMConfig", "OVEConfig"]
 
 
-def _positive(name: str, value, integer: bool = False) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) if integer else \
-        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value <= 0:
-        kind = "an int >= 1" if integer else "a finite number > 0"
-        raise ValueError(f"{name}: expected {kind}, received {value!r}")
 
 
-def _choice(name: str, value, options: tuple) -> None:
-    if value not in options:
-        raise ValueError(f"{name}: expected one of {options}, received {value!r}")
 
 
 @dataclass(frozen=True)
@@ -139,20 +131,20 @@ class GPTreeConfig:
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
-        _choice("inference", self.inference, ("gibbs", "vi"))
-        _choice("tree", self.tree, ("kmeans", "random", "chain"))
-        _choice("kernel", self.kernel, ("rbf", "linear"))
-        _choice("predict", self.predict, ("quadrature", "mean"))
-        _choice("backbone", self.backbone, ("none", "mlp", "cnn"))
-        _choice("fscil_tree", self.fscil_tree, ("gptree", "session", "rebuild"))
-        _choice("dtype", self.dtype, ("float64", "float32"))
+        one_of("inference", self.inference, ("gibbs", "vi"))
+        one_of("tree", self.tree, ("kmeans", "random", "chain"))
+        one_of("kernel", self.kernel, ("rbf", "linear"))
+        one_of("predict", self.predict, ("quadrature", "mean"))
+        one_of("backbone", self.backbone, ("none", "mlp", "cnn"))
+        one_of("fscil_tree", self.fscil_tree, ("gptree", "session", "rebuild"))
+        one_of("dtype", self.dtype, ("float64", "float32"))
         for name in ("kmeans_n_init", "num_chains", "num_steps", "quadrature_points",
                      "inducing_per_class", "batch_size", "epochs", "inducing_kmeans_n_init",
                      "embedding_dim", "predict_chunk"):
-            _positive(name, getattr(self, name), integer=True)
+            int_at_least(name, getattr(self, name))
         for name in ("gibbs_outputscale", "vi_outputscale", "lengthscale", "gibbs_jitter",
                      "vi_jitter", "learning_rate"):
-            _positive(name, getattr(self, name))
+            positive(name, getattr(self, name))
         if not (0.0 < self.natural_lr <= 1.0):
             raise ValueError(f"natural_lr: expected a value in (0, 1], received {self.natural_lr!r}")
         if not (0.0 <= self.momentum < 1.0):
@@ -171,8 +163,7 @@ class GPTreeConfig:
         if self.backbone != "none" and self.inference != "vi":
             raise ValueError("backbone: a backbone is trained through the VI bound; set "
                              "inference='vi' (Sect. 3.3) or backbone='none'")
-        if not isinstance(self.device, str) or not (self.device == "cpu" or self.device.startswith("cuda")):
-            raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', received {self.device!r}")
+        check_device_name(self.device)
 
     def replace(self, **changes) -> "GPTreeConfig":
         return dataclasses.replace(self, **changes)
@@ -210,13 +201,13 @@ class _MulticlassGibbsConfig:
     predict_chunk: int = 1024
 
     def __post_init__(self) -> None:
-        _choice("kernel", self.kernel, ("rbf", "linear"))
-        _choice("predict", self.predict, ("mc", "mean"))
-        _choice("dtype", self.dtype, ("float64", "float32"))
+        one_of("kernel", self.kernel, ("rbf", "linear"))
+        one_of("predict", self.predict, ("mc", "mean"))
+        one_of("dtype", self.dtype, ("float64", "float32"))
         for name in ("num_chains", "num_steps", "num_predict_samples", "predict_chunk"):
-            _positive(name, getattr(self, name), integer=True)
+            int_at_least(name, getattr(self, name))
         for name in ("outputscale", "lengthscale", "jitter"):
-            _positive(name, getattr(self, name))
+            positive(name, getattr(self, name))
 
 
 @dataclass(frozen=True)
@@ -243,4 +234,4 @@ class OVEConfig(_MulticlassGibbsConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _positive("max_joint_dim", self.max_joint_dim, integer=True)
+        int_at_least("max_joint_dim", self.max_joint_dim)

@@ -11,11 +11,15 @@ and the paper's App. D settings; an experiment that validated other values holds
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
+
+from ppl_cl.configs.validate import int_at_least, one_of, positive
 
 __all__ = ["NetworkConfig", "KalmanConfig", "KalmanRegressorConfig", "OnlineSGDConfig"]
+
+#: S, the Monte Carlo samples of the softmax predictive (eqs. 12-13)
+MC_SAMPLES = 16
 
 NetworkName = Literal["identity", "mlp", "cnn", "resnet18", "rff"]
 Transition = Literal["always", "last", "first"]
@@ -23,25 +27,10 @@ Optimizer = Literal["sgd", "adamw"]
 DType = Literal["float32", "float64"]
 
 
-def _choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}: expected one of {', '.join(map(str, choices))}, received "
-                         f"{value!r}")
 
 
-def _int(name: str, value, minimum: int, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, received {value!r}")
 
 
-def _positive(name: str, value, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name}: expected a finite number > 0, received {value!r}")
 
 
 @dataclass(frozen=True)
@@ -73,19 +62,19 @@ class NetworkConfig:
     lengthscale: float = 1.0
 
     def __post_init__(self) -> None:
-        _choice("network.name", self.name, ("identity", "mlp", "cnn", "resnet18", "rff"))
+        one_of("network.name", self.name, ("identity", "mlp", "cnn", "resnet18", "rff"))
         if self.name != "identity":
-            _int("network.feature_dim", self.feature_dim, 1)
+            int_at_least("network.feature_dim", self.feature_dim, 1)
         for name in ("hidden", "channels"):
             for v in getattr(self, name):
-                _int(f"network.{name}", v, 1)
+                int_at_least(f"network.{name}", v, 1)
         if self.input_shape is not None and (len(self.input_shape) != 3 or
                                              any(not isinstance(v, int) or v < 1
                                                  for v in self.input_shape)):
             raise ValueError(f"network.input_shape: expected (height, width, channels), "
                              f"received {self.input_shape!r}")
-        _int("network.resnet_width", self.resnet_width, 1)
-        _positive("network.lengthscale", self.lengthscale)
+        int_at_least("network.resnet_width", self.resnet_width, 1)
+        positive("network.lengthscale", self.lengthscale)
 
 
 @dataclass(frozen=True)
@@ -116,26 +105,26 @@ class _KalmanCommon:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _int("input_dim", self.input_dim, 1, allow_none=True)
+        int_at_least("input_dim", self.input_dim, 1, allow_none=True)
         if not isinstance(self.network, NetworkConfig):
             raise ValueError(f"network: expected a NetworkConfig, received "
                              f"{type(self.network).__name__}")
         g0 = self.initial_forgetting
         if isinstance(g0, bool) or not isinstance(g0, (int, float)) or not (0.0 < g0 <= 1.0):
             raise ValueError(f"initial_forgetting: expected gamma_0 in (0, 1], received {g0!r}")
-        _choice("transition", self.transition, ("always", "last", "first"))
-        _choice("optimizer", self.optimizer, ("sgd", "adamw"))
-        _choice("dtype", self.dtype, ("float32", "float64"))
+        one_of("transition", self.transition, ("always", "last", "first"))
+        one_of("optimizer", self.optimizer, ("sgd", "adamw"))
+        one_of("dtype", self.dtype, ("float32", "float64"))
         for name in ("learning_rate", "backbone_scale", "forgetting_learning_rate"):
-            _positive(name, getattr(self, name))
+            positive(name, getattr(self, name))
         for name in ("prior_variance", "noise_variance", "max_delta"):
-            _positive(name, getattr(self, name), allow_none=True)
+            positive(name, getattr(self, name), allow_none=True)
         if not (isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0):
             raise ValueError(f"weight_decay: expected >= 0, received {self.weight_decay!r}")
-        _int("replay_capacity", self.replay_capacity, 0)
-        _int("replay_size", self.replay_size, 1)
-        _int("block_size", self.block_size, 1, allow_none=True)
-        _int("seed", self.seed, 0)
+        int_at_least("replay_capacity", self.replay_capacity, 0)
+        int_at_least("replay_size", self.replay_size, 1)
+        int_at_least("block_size", self.block_size, 1, allow_none=True)
+        int_at_least("seed", self.seed, 0)
 
 
 @dataclass(frozen=True)
@@ -182,13 +171,16 @@ class KalmanConfig(_KalmanCommon):
     learn_calibration: bool = True
     initial_calibration: float = 1.0
     calibrated_forgetting: bool = True
-    num_samples: int = 16
+    num_samples: int = MC_SAMPLES
+    #: App. C's mean-preserving transition is the regressor's option; the classifier always
+    #: shrinks the mean (a class constant, not a setting)
+    mean_preserving: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _int("num_classes", self.num_classes, 2)
-        _positive("initial_calibration", self.initial_calibration)
-        _int("num_samples", self.num_samples, 1)
+        int_at_least("num_classes", self.num_classes, 2)
+        positive("initial_calibration", self.initial_calibration)
+        int_at_least("num_samples", self.num_samples, 1)
 
 
 @dataclass(frozen=True)
@@ -206,6 +198,12 @@ class KalmanRegressorConfig(_KalmanCommon):
 
     mean_preserving: bool = False
     dtype: DType = "float64"
+    #: not settings of the regressor (a Gaussian likelihood has no calibration alpha and a
+    #: closed-form predictive): the values its filter runs with, so that both configs name
+    #: every option of the filter
+    learn_calibration: ClassVar[bool] = False
+    calibrated_forgetting: ClassVar[bool] = False
+    num_samples: ClassVar[int] = MC_SAMPLES
 
 
 @dataclass(frozen=True)
@@ -236,13 +234,13 @@ class OnlineSGDConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _int("num_classes", self.num_classes, 2)
-        _int("input_dim", self.input_dim, 1, allow_none=True)
+        int_at_least("num_classes", self.num_classes, 2)
+        int_at_least("input_dim", self.input_dim, 1, allow_none=True)
         if not isinstance(self.network, NetworkConfig):
             raise ValueError(f"network: expected a NetworkConfig, received "
                              f"{type(self.network).__name__}")
-        _positive("learning_rate", self.learning_rate)
-        _int("replay_capacity", self.replay_capacity, 0)
-        _int("replay_size", self.replay_size, 1)
-        _choice("dtype", self.dtype, ("float32", "float64"))
-        _int("seed", self.seed, 0)
+        positive("learning_rate", self.learning_rate)
+        int_at_least("replay_capacity", self.replay_capacity, 0)
+        int_at_least("replay_size", self.replay_size, 1)
+        one_of("dtype", self.dtype, ("float32", "float64"))
+        int_at_least("seed", self.seed, 0)

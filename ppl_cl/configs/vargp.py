@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ppl_cl.configs import check_choices, check_ints, check_positive
+from ppl_cl.configs.validate import check_choices, check_device_name, check_ints, check_positive
 
 __all__ = ["VARGPConfig", "ROWS", "SMALL_BUDGET"]
 
@@ -125,10 +125,7 @@ class VARGPConfig:
         check_choices(self)
         check_positive(self, "beta", "learning_rate")
         check_positive(self, "tolerance", "jitter", allow_zero=True)
-        device = str(self.device)
-        if not (device == "cpu" or device == "cuda"
-                or (device.startswith("cuda:") and device[5:].isdigit())):
-            raise ValueError(f"device: expected cpu, cuda or cuda:N, received {self.device!r}")
+        check_device_name(str(self.device))
 
     def row(self, name: str) -> "VARGPConfig":
         """This config as Table 1's row ``name`` (:data:`ROWS`)."""

@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["OnlineSGPRConfig", "POLICIES", "KERNELS"]
+from ppl_cl.configs.validate import int_at_least, positive
+
+__all__ = ["OnlineSGPRConfig", "POLICIES", "KERNELS", "UCI_OIPS_RHO"]
 
 POLICIES = ("vips", "cv", "oips", "fixed")
 KERNELS = ("se", "se-ard", "matern52", "constant+matern52")
+#: OIPS' acceptance threshold in the authors' UCI configs (their ``OIPS.py`` default is 0.8)
+UCI_OIPS_RHO = 0.96
 
 
-def _positive(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name}: expected a positive number, received {value!r}")
 
 
-def _int_at_least(name: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name}: expected an int >= {low}, received {value!r}")
 
 
 @dataclass(frozen=True)
@@ -125,7 +121,7 @@ class OnlineSGPRConfig:
             raise ValueError(f"cv_eta: expected a number >= 0, received {self.cv_eta!r}")
         for name in ("variance", "lengthscale", "noise_variance", "constant", "jitter",
                      "first_selection_jitter"):
-            _positive(name, getattr(self, name))
+            positive(name, getattr(self, name))
         if not self.summary_jitter >= 0:
             raise ValueError(f"summary_jitter: expected >= 0, received {self.summary_jitter!r}")
         if not self.min_noise_variance >= 0:
@@ -138,9 +134,9 @@ class OnlineSGPRConfig:
             if not (0 < lo < hi):
                 raise ValueError(f"variance_bounds: expected 0 < low < high (or None), "
                                  f"received {self.variance_bounds!r}")
-        _int_at_least("lmax_points", self.lmax_points, 1)
-        _int_at_least("cv_max_points", self.cv_max_points, 1)
-        _int_at_least("oips_kmin", self.oips_kmin, 1)
-        _int_at_least("fixed_m", self.fixed_m, 1)
-        _int_at_least("max_iterations", self.max_iterations, 1)
-        _int_at_least("seed", self.seed, 0)
+        int_at_least("lmax_points", self.lmax_points, 1)
+        int_at_least("cv_max_points", self.cv_max_points, 1)
+        int_at_least("oips_kmin", self.oips_kmin, 1)
+        int_at_least("fixed_m", self.fixed_m, 1)
+        int_at_least("max_iterations", self.max_iterations, 1)
+        int_at_least("seed", self.seed, 0)

@@ -96,12 +96,12 @@ def cub_session_lists_splits(data_dir=None) -> list[TaskSplit]:
     """The CUB FSCIL sessions on the xlsa17 features of the data root (``cub/res101.mat`` with
     its ``image_files``) and the lists in ``cub/index_list/``."""
     from ppl_cl.data import root as _root
-    from ppl_cl.data.loaders import _cell_strings, _loadmat, _mat_variable, load_cub_features
+    from ppl_cl.data.loaders import cell_strings, load_matfile, mat_variable, load_cub_features
 
     cub = load_cub_features(data_dir)
     base = _root.locate("cub", data_dir)
     res_path = base / "cub" / "res101.mat"
-    files = _cell_strings(_mat_variable(_loadmat(res_path), "image_files", res_path), res_path,
+    files = cell_strings(mat_variable(load_matfile(res_path), "image_files", res_path), res_path,
                           "image_files")
     train, test = read_session_lists(base / "cub" / "index_list")
     return sessions_from_lists(cub.features.astype(np.float64), files, train, test)

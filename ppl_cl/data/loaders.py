@@ -238,7 +238,7 @@ def _check_split_index(split) -> int:
     return int(split)
 
 
-def _loadmat(path: Path) -> dict:
+def load_matfile(path: Path) -> dict:
     """``scipy.io.loadmat`` with a clear error for files scipy cannot read."""
     import scipy.io
 
@@ -251,7 +251,7 @@ def _loadmat(path: Path) -> dict:
         raise ValueError(f"{path}: not a readable MATLAB file ({err})") from err
 
 
-def _mat_variable(mat: dict, key: str, path: Path) -> np.ndarray:
+def mat_variable(mat: dict, key: str, path: Path) -> np.ndarray:
     if key not in mat:
         found = sorted(k for k in mat if not k.startswith("__"))
         raise ValueError(f"{path}: no variable {key!r} (found {found})")
@@ -630,9 +630,9 @@ def load_schools(data_dir: PathLike | None = None, drop_bias: bool = True,
         ``drop_bias=False``), ``y`` float64 ``(n_t,)`` exam score, schools in file order.
     """
     path = _dataset_file("schools", "schools/school.mat", data_dir)
-    mat = _loadmat(path)
-    xs = np.asarray(_mat_variable(mat, "X", path), dtype=object).ravel()
-    ys = np.asarray(_mat_variable(mat, "Y", path), dtype=object).ravel()
+    mat = load_matfile(path)
+    xs = np.asarray(mat_variable(mat, "X", path), dtype=object).ravel()
+    ys = np.asarray(mat_variable(mat, "Y", path), dtype=object).ravel()
     if len(xs) != len(ys):
         raise ValueError(f"{path}: {len(xs)} X cells but {len(ys)} Y cells")
     tasks = []
@@ -879,7 +879,7 @@ def cifar_class_names(dataset: str = "cifar10", label: str = "fine",
 # CUB-200 ResNet-101 features (xlsa17)
 # ---------------------------------------------------------------------------------------------
 
-def _cell_strings(cell: np.ndarray, path: Path, key: str) -> list[str]:
+def cell_strings(cell: np.ndarray, path: Path, key: str) -> list[str]:
     """A MATLAB cell of strings; scipy loads it as an object array of 1-element str arrays."""
     out = []
     for item in np.asarray(cell, dtype=object).ravel():
@@ -906,21 +906,21 @@ def load_cub_features(data_dir: PathLike | None = None) -> CUBFeatures:
     """
     root = _root.locate("cub", data_dir)
     res_path, att_path = _checked(root, "cub/res101.mat"), _checked(root, "cub/att_splits.mat")
-    res, att = _loadmat(res_path), _loadmat(att_path)
-    labels = np.asarray(_mat_variable(res, "labels", res_path)).reshape(-1).astype(np.int64)
-    features = np.asarray(_mat_variable(res, "features", res_path))
+    res, att = load_matfile(res_path), load_matfile(att_path)
+    labels = np.asarray(mat_variable(res, "labels", res_path)).reshape(-1).astype(np.int64)
+    features = np.asarray(mat_variable(res, "features", res_path))
     n = labels.shape[0]
     if features.ndim != 2 or n not in features.shape[:2]:
         raise ValueError(f"{res_path}: features of shape {features.shape} do not match {n} labels")
     if features.shape[1] == n:  # xlsa17 stores (D, N)
         features = features.T
-    class_names = _cell_strings(_mat_variable(att, "allclasses_names", att_path), att_path,
+    class_names = cell_strings(mat_variable(att, "allclasses_names", att_path), att_path,
                                 "allclasses_names")
     if n and (labels.min() < 1 or labels.max() > len(class_names)):
         raise ValueError(f"{res_path}: labels must be 1-based in 1..{len(class_names)}")
     splits = {}
     for key in ("trainval_loc", "test_seen_loc", "test_unseen_loc", "train_loc", "val_loc"):
-        loc = np.asarray(_mat_variable(att, key, att_path)).reshape(-1).astype(np.int64)
+        loc = np.asarray(mat_variable(att, key, att_path)).reshape(-1).astype(np.int64)
         if loc.size and (loc.min() < 1 or loc.max() > n):
             raise ValueError(f"{att_path}: {key} must hold 1-based indices in 1..{n}")
         splits[key] = loc - 1

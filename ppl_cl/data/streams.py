@@ -13,7 +13,11 @@
   Sect. 4.2): a stream of small chunks; tasks concatenated with boundaries kept for plots
   but not given to the learner;
 * :func:`validation_split` -- VAR-GP reference validation set (last ``n_valid`` of a random
-  permutation).
+  permutation);
+* :func:`uci_stream` (with :func:`stream_order`, :func:`cut_batches`) -- the VIPS reference's
+  sorted batches of a UCI set, each cut into train / test parts (``load_data``);
+* :class:`Unit`, :class:`Stream`, :func:`per_class`, :func:`class_units` -- a stream as
+  ``ppl-cl compare`` feeds it (ppl_cl/experiments/compare.py builds them).
 
 Inputs may be NumPy arrays, torch tensors or JAX arrays; rows and columns are selected in the
 array's own library (a GPU tensor stays on its device), only the labels / the sort column are
@@ -22,6 +26,7 @@ read on the host. Every random choice takes an explicit ``seed``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -32,7 +37,8 @@ from ppl_cl.seeding import as_generator
 __all__ = [
     "TaskSplit", "split_tasks", "task_permutations", "permuted_tasks",
     "class_incremental_sessions", "sorted_batches", "online_chunks", "TaskStream", "task_stream",
-    "validation_split", "SPLIT_MNIST_CLASS_GROUPS",
+    "validation_split", "SPLIT_MNIST_CLASS_GROUPS", "SORTS", "stream_order", "cut_batches",
+    "uci_stream", "Unit", "Stream", "per_class", "class_units",
 ]
 
 SPLIT_MNIST_CLASS_GROUPS: tuple[tuple[int, ...], ...] = ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))
@@ -446,3 +452,145 @@ def validation_split(x: Any, y: Any, n_valid: int, seed: int | np.random.Generat
     perm = as_generator(seed).permutation(n)
     tr, va = perm[: n - k], perm[n - k:]
     return (_take(data.x, tr), _take(data.y, tr)), (_take(data.x, va), _take(data.y, va))
+
+
+# -- the VIPS reference's UCI stream ------------------------------------------------------------
+
+#: how rows tied in the first input are ordered (:func:`stream_order`)
+SORTS = ("stable", "numpy", "none")
+
+
+def stream_order(x: np.ndarray, sort: str = "stable") -> np.ndarray:
+    """The row order of the stream: rows sorted by the first input.
+
+    ``"stable"`` (default): ties in the first input keep their file order (a stable sort, the
+    same on every machine). ``"numpy"``: NumPy's default ``argsort`` (introsort, the
+    reference's call), whose order of tied rows depends on the NumPy build and the CPU
+    (concrete's first input has 278 distinct values in 1030 rows, and the reference's order
+    there is in ``tests/ppl_cl/experiments/data/concrete_reference_order.txt``). ``"none"``:
+    file order.
+    """
+    if sort == "stable":
+        return np.argsort(x[:, 0], kind="stable")
+    if sort == "numpy":
+        return np.argsort(x[:, 0])
+    if sort == "none":
+        return np.arange(x.shape[0])
+    raise ValueError(f"sort: expected one of {', '.join(SORTS)}, received {sort!r}")
+
+
+def cut_batches(order: np.ndarray, n_batches: int) -> list[np.ndarray]:
+    """The rows of ``n_batches`` consecutive batches of ``order``: ``N // n_batches`` rows each,
+    the last also taking the remainder (the reference's ``divide_batches*`` and the synthetic
+    scripts' ``div_data``)."""
+    N = order.shape[0]
+    B = int(n_batches)
+    if not 1 <= B <= N:
+        raise ValueError(f"n_batches: expected 1..{N}, received {n_batches!r}")
+    size = N // B
+    return [order[b * size:(b + 1) * size] if b < B - 1 else order[(B - 1) * size:]
+            for b in range(B)]
+
+
+def uci_stream(x: np.ndarray, y: np.ndarray, n_batches: int, n_folds: int, seed: int = 0,
+               order: np.ndarray | str = "stable"):
+    """Per fold, the train and test parts of each batch, as the reference's ``load_data``
+    (``divide_batches_kfolds``; ``divide_batches`` when ``n_folds == 1``).
+
+    Rows are taken in ``order`` (a permutation of the rows, or a :func:`stream_order` name)
+    and cut into ``n_batches`` consecutive batches of ``N // n_batches`` rows, the last taking
+    the remainder as well. Each batch is shuffled by one ``RandomState(seed)`` drawn in batch
+    order (the reference's ``np.random.seed(0)``); ``n_folds >= 2``: the contiguous KFold parts
+    of the shuffled batch (``KFold(shuffle=False)``; fold k tests on part k and trains on the
+    rest); ``n_folds == 1``: the first ``int((N // n_batches) * 0.8)`` rows of every shuffled
+    batch train and the rest test (the last batch's extra rows all go to its test part).
+
+    Returns:
+        ``folds[k] = (train_batches, test_batches)``, lists of ``(x, y)``.
+    """
+    x, y = np.asarray(x), np.asarray(y)
+    N = x.shape[0]
+    order = stream_order(x, order) if isinstance(order, str) else np.asarray(order)
+    if order.shape != (N,) or not np.array_equal(np.sort(order), np.arange(N)):
+        raise ValueError(f"order: expected a permutation of the {N} rows")
+    batches = cut_batches(order, n_batches)
+    size = N // len(batches)
+    rng = np.random.RandomState(seed)
+    K = max(n_folds, 1)
+    folds = [([], []) for _ in range(K)]
+    for rows in batches:
+        rows = rows[rng.permutation(rows.shape[0])]
+        bx, by = x[rows], y[rows]
+        if n_folds >= 2:
+            parts = np.array_split(np.arange(bx.shape[0]), n_folds)   # sklearn KFold's sizes
+            for k in range(n_folds):
+                test = parts[k]
+                train = np.setdiff1d(np.arange(bx.shape[0]), test)
+                folds[k][0].append((bx[train], by[train]))
+                folds[k][1].append((bx[test], by[test]))
+        else:
+            n_tr = int(size * 0.8)
+            folds[0][0].append((bx[:n_tr], by[:n_tr]))
+            folds[0][1].append((bx[n_tr:], by[n_tr:]))
+    return folds
+
+
+# -- the streams of ppl-cl compare -------------------------------------------------------------
+
+class Unit(NamedTuple):
+    """One task / session / batch: ``train`` and ``test`` batches; ``task_id`` is passed to
+    ``update`` and ``predict`` of task-aware learners (multi-task regression), else None."""
+
+    train: Batch
+    test: Batch
+    task_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A stream as the comparison feeds it.
+
+    Attributes:
+        name, kind: ``"classification"`` or ``"regression"``.
+        units: the :class:`Unit` list, in order.
+        num_classes: K (classification).
+        online: only chunk learners take it (the Kalman OCL streams).
+        multitask: units are tasks with ids (GP-ELLA's streams).
+        new_classes: every unit brings classes no earlier unit had (class-incremental).
+        size: what was kept, in words (for the report).
+    """
+
+    name: str
+    kind: str
+    units: list
+    num_classes: int = 0
+    online: bool = False
+    multitask: bool = False
+    new_classes: bool = False
+    size: str = ""
+
+    @property
+    def input_dim(self) -> int:
+        return int(self.units[0].train.x.shape[1])
+
+
+def per_class(x, y, n: int, rng: np.random.Generator):
+    """At most ``n`` rows of each class (0: all), in data order."""
+    if n <= 0:
+        return x, y
+    keep = np.concatenate([rng.permutation(np.flatnonzero(y == c))[:n] for c in np.unique(y)])
+    keep.sort()
+    return x[keep], y[keep]
+
+
+def class_units(xtr, ytr, xte, yte, groups, n_train: int, n_test: int, seed: int) -> list:
+    """The :func:`split_tasks` of ``groups`` as :class:`Unit` objects, each class cut to at most
+    ``n_train`` training and ``n_test`` test rows (:func:`per_class`; one generator seeded by
+    ``seed``), inputs as float32."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in split_tasks(xtr, ytr, xte, yte, groups):
+        tx, ty = per_class(np.asarray(t.train.x), np.asarray(t.train.y), n_train, rng)
+        sx, sy = per_class(np.asarray(t.test.x), np.asarray(t.test.y), n_test, rng)
+        out.append(Unit(Batch(tx.astype(np.float32), ty), Batch(sx.astype(np.float32), sy)))
+    return out

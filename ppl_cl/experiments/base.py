@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ppl_cl.configs import apply_overrides
+from ppl_cl.configs import CHECKPOINT_EVERY_S, apply_overrides
+from ppl_cl.configs.validate import check_device_name
 from ppl_cl.errors import ConfigError, DeviceError, Terminated
 from ppl_cl.persist import (CheckpointError, atomic_write_text, load_tree, make_folder,
                             read_meta, save_tree)
@@ -74,17 +75,11 @@ def config_differences(recorded: dict[str, Any], current: dict[str, Any]) -> lis
             for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)]
 
 
-def _check_device(device: str) -> str:
-    if device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):
-        return device
-    raise DeviceError(f"--device: expected cpu, cuda or cuda:N, received {device!r}")
-
-
 def check_device(device: str, backends: tuple[str, ...] = ("torch", "jax")) -> str:
     """Check ``--device`` once, before any work: for ``cuda`` / ``cuda:N`` every library in
     ``backends`` must see that GPU (torch built with CUDA and a device present; a CUDA build
     of jaxlib); a :class:`DeviceError` names what is missing and how to install it."""
-    _check_device(device)
+    check_device_name(device, "--device", DeviceError)
     if device == "cpu":
         return device
     index = int(device[5:]) if ":" in device else 0
@@ -272,7 +267,7 @@ class RunContext:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     #: seconds between the snapshots an experiment saves *within* a long unit of work (the
     #: VAR-GP streams: within a task), so that a run stopped mid-task loses at most this much
-    checkpoint_every_s: float = 600.0
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S
 
     # -- progress log and checkpoints (resumable long runs) ------------------------------------
     def log(self, message: str) -> None:
@@ -350,13 +345,6 @@ class RunContext:
         self.figures.append(path.name)
         return path
 
-    def torch_device(self):
-        import torch
-
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise DeviceError(f"--device {self.device}: torch sees no CUDA device on this machine")
-        return torch.device(self.device)
-
     def jax_device(self):
         """The JAX device for ``--device`` (use as ``with jax.default_device(ctx.jax_device()):``)."""
         import jax
@@ -428,10 +416,52 @@ def _recorded_fingerprint(out_dir: Path) -> dict[str, Any] | None:
     return {k: recorded.get(k) for k in ("experiment", "seed", "quick", "config")}
 
 
+def _resume_finished(out_dir: Path, fingerprint: dict, finished: bool) -> dict | None:
+    """``--resume`` into ``out_dir``: a :class:`ConfigError` when its ``config.json`` or a
+    checkpoint was written by a run of other settings; a finished run's metrics (marked
+    ``already_finished``), or None to continue."""
+    # the run recorded in config.json and the one every checkpoint was written by
+    recorded = [_recorded_fingerprint(out_dir)] + [
+        (read_meta(p) or {}).get("run")
+        for p in sorted((out_dir / CHECKPOINT_DIR).glob("*.npz"))]
+    for rec in filter(None, recorded):
+        diff = config_differences(rec, fingerprint)
+        if diff:
+            raise ConfigError(f"--resume: {out_dir} holds a run of other settings "
+                              f"({'; '.join(diff)}); resume with the original settings, "
+                              "or choose another --out")
+    if finished:
+        try:
+            metrics = json.loads((out_dir / "metrics.json").read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ConfigError(f"--resume: {out_dir}/metrics.json is unreadable ({err}); "
+                              "--force retrains the run") from None
+        return {**metrics, "already_finished": True}
+    return None
+
+
+def _run_logged(spec: ExperimentSpec, config: Any, ctx: "RunContext") -> tuple[dict, float]:
+    """``spec.run(config, ctx)`` and its start time; a run that stops says why in its log
+    (its stderr may be long gone), and the checkpoints it saved stay for ``--resume``."""
+    t0 = time.perf_counter()
+    try:
+        return spec.run(config, ctx), t0
+    except BaseException as exc:
+        first_line = (str(exc).splitlines() or [""])[0]
+        if isinstance(exc, KeyboardInterrupt):
+            what = "interrupted"
+        elif isinstance(exc, Terminated):
+            what = f"terminated ({first_line})"
+        else:
+            what = f"failed: {type(exc).__name__}: {first_line}"
+        ctx.log(f"{what} after {time.perf_counter() - t0:.1f} s")
+        raise
+
+
 def run_spec(spec: ExperimentSpec, *, quick: bool = False, seed: int = 0, device: str = "cpu",
                    out: str | Path | None = None, overrides: dict[str, str] | None = None,
                    data_dir: str | None = None, show_progress: bool | None = None,
-                   resume: bool = False, checkpoint_every_s: float = 600.0,
+                   resume: bool = False, checkpoint_every_s: float = CHECKPOINT_EVERY_S,
                    force: bool = False) -> dict:
     """Run the experiment of ``spec`` and write its run folder; returns the metrics dict
     (``ppl_cl.experiments.run_experiment(name, ...)`` looks the spec up by name).
@@ -471,23 +501,9 @@ def run_spec(spec: ExperimentSpec, *, quick: bool = False, seed: int = 0, device
                    "config": _jsonable(config)}
     finished = (out_dir / "metrics.json").exists()
     if resume and not (force and finished):
-        # the run recorded in config.json and the one every checkpoint was written by
-        recorded = [_recorded_fingerprint(out_dir)] + [
-            (read_meta(p) or {}).get("run")
-            for p in sorted((out_dir / CHECKPOINT_DIR).glob("*.npz"))]
-        for rec in filter(None, recorded):
-            diff = config_differences(rec, fingerprint)
-            if diff:
-                raise ConfigError(f"--resume: {out_dir} holds a run of other settings "
-                                  f"({'; '.join(diff)}); resume with the original settings, "
-                                  "or choose another --out")
-        if finished:
-            try:
-                metrics = json.loads((out_dir / "metrics.json").read_text())
-            except (OSError, json.JSONDecodeError) as err:
-                raise ConfigError(f"--resume: {out_dir}/metrics.json is unreadable ({err}); "
-                                  "--force retrains the run") from None
-            return {**metrics, "already_finished": True}
+        done = _resume_finished(out_dir, fingerprint, finished)
+        if done is not None:
+            return done
     if finished and (force or not resume):
         if not force:
             raise ConfigError(f"--out {out_dir}: holds a finished run (metrics.json); pass "
@@ -513,21 +529,7 @@ def run_spec(spec: ExperimentSpec, *, quick: bool = False, seed: int = 0, device
         "code": code_version(), "machine": machine_info(),
     }), indent=2))
     seed_everything(seed)
-    t0 = time.perf_counter()
-    try:
-        metrics = spec.run(config, ctx)
-    except BaseException as exc:
-        # a long run's log says why it stopped (its stderr may be long gone); the checkpoints
-        # it saved stay for --resume
-        first_line = (str(exc).splitlines() or [""])[0]
-        if isinstance(exc, KeyboardInterrupt):
-            what = "interrupted"
-        elif isinstance(exc, Terminated):
-            what = f"terminated ({first_line})"
-        else:
-            what = f"failed: {type(exc).__name__}: {first_line}"
-        ctx.log(f"{what} after {time.perf_counter() - t0:.1f} s")
-        raise
+    metrics, t0 = _run_logged(spec, config, ctx)
     _check_summary(name, metrics)
     metrics = {**metrics, "experiment": name, "quick": quick, "seed": seed,
                "wall_time_s": time.perf_counter() - t0,

@@ -47,10 +47,14 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from ppl_cl.batch import Batch, as_numpy
+from ppl_cl.configs.validate import check_ints, check_positive
+from ppl_cl.data.streams import Stream, Unit, class_units
 from ppl_cl.experiments.base import RunContext, register
+from ppl_cl.learners import learner_class
 
-__all__ = ["CompareConfig", "Stream", "STREAMS", "LEARNERS", "build_stream", "not_applicable",
-           "compare_stream", "report_markdown", "aggregate_seeds"]
+__all__ = ["CompareConfig", "Stream", "STREAMS", "COMPARE_LEARNERS", "CompareLearner",
+           "build_stream", "not_applicable", "run_learner", "compare_stream", "report_markdown",
+           "aggregate_seeds"]
 
 
 @dataclass(frozen=True)
@@ -58,8 +62,8 @@ class CompareConfig:
     """What ``compare-<stream>`` runs.
 
     Attributes:
-        learners: the learners to run (names of :data:`LEARNERS`); empty: every learner of the
-            stream's kind.
+        learners: the learners to run (names of :data:`COMPARE_LEARNERS`); empty: every
+            learner of the stream's kind.
         n_train: training points per unit (per class for the class-split streams; per unit
             otherwise); 0: the stream's default size (docs/compare.md).
         n_test: test points per unit (per class for the class-split streams); 0: default.
@@ -98,84 +102,19 @@ class CompareConfig:
         if isinstance(self.learners, (list, str)):
             value = [self.learners] if isinstance(self.learners, str) else self.learners
             object.__setattr__(self, "learners", tuple(value))
-        bad = [n for n in self.learners if n not in LEARNERS]
+        bad = [n for n in self.learners if n not in COMPARE_LEARNERS]
         if bad:
-            raise ValueError(f"learners: unknown {bad}; known: {sorted(LEARNERS)}")
-        for name in ("n_train", "n_test", "n_units", "exact_max_train", "vargp_inducing"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name}: expected an int >= 0, received {v!r}")
-        if not (isinstance(self.rff_lengthscale, (int, float)) and self.rff_lengthscale >= 0):
-            raise ValueError(f"rff_lengthscale: expected a number >= 0, received "
-                             f"{self.rff_lengthscale!r}")
-        for name in ("chunk_size", "vargp_max_epochs", "gibbs_steps", "gibbs_chains",
-                     "fixed_m", "rff_features"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}: expected an int >= 1, received {v!r}")
+            raise ValueError(f"learners: unknown {bad}; known: {sorted(COMPARE_LEARNERS)}")
+        check_ints(self, "n_train", "n_test", "n_units", "exact_max_train", "vargp_inducing",
+                   minimum=0)
+        check_positive(self, "rff_lengthscale", allow_zero=True)
+        check_ints(self, "chunk_size", "vargp_max_epochs", "gibbs_steps", "gibbs_chains",
+                   "fixed_m", "rff_features")
 
 
 # ---------------------------------------------------------------------------------------------
 # streams
 # ---------------------------------------------------------------------------------------------
-class Unit(NamedTuple):
-    """One task / session / batch: ``train`` and ``test`` batches; ``task_id`` is passed to
-    ``update`` and ``predict`` of task-aware learners (multi-task regression), else None."""
-
-    train: Batch
-    test: Batch
-    task_id: int | None = None
-
-
-@dataclass(frozen=True)
-class Stream:
-    """A stream as the comparison feeds it.
-
-    Attributes:
-        name, kind: ``"classification"`` or ``"regression"``.
-        units: the :class:`Unit` list, in order.
-        num_classes: K (classification).
-        online: only chunk learners take it (the Kalman OCL streams).
-        multitask: units are tasks with ids (GP-ELLA's streams).
-        new_classes: every unit brings classes no earlier unit had (class-incremental).
-        size: what was kept, in words (for the report).
-    """
-
-    name: str
-    kind: str
-    units: list
-    num_classes: int = 0
-    online: bool = False
-    multitask: bool = False
-    new_classes: bool = False
-    size: str = ""
-
-    @property
-    def input_dim(self) -> int:
-        return int(self.units[0].train.x.shape[1])
-
-
-def _per_class(x, y, n: int, rng: np.random.Generator):
-    """At most ``n`` rows of each class (0: all), in data order."""
-    if n <= 0:
-        return x, y
-    keep = np.concatenate([rng.permutation(np.flatnonzero(y == c))[:n] for c in np.unique(y)])
-    keep.sort()
-    return x[keep], y[keep]
-
-
-def _class_units(xtr, ytr, xte, yte, groups, n_train: int, n_test: int, seed: int) -> list:
-    from ppl_cl.data.streams import split_tasks
-
-    rng = np.random.default_rng(seed)
-    out = []
-    for t in split_tasks(xtr, ytr, xte, yte, groups):
-        tx, ty = _per_class(np.asarray(t.train.x), np.asarray(t.train.y), n_train, rng)
-        sx, sy = _per_class(np.asarray(t.test.x), np.asarray(t.test.y), n_test, rng)
-        out.append(Unit(Batch(tx.astype(np.float32), ty), Batch(sx.astype(np.float32), sy)))
-    return out
-
-
 def _mnist(data_dir):
     from ppl_cl.data.loaders import load_mnist
 
@@ -190,7 +129,7 @@ def _split(name: str, loader, per_class: tuple[int, int]):
 
         n_tr, n_te = c.n_train or per_class[0], c.n_test or per_class[1]
         groups = SPLIT_MNIST_CLASS_GROUPS[: c.n_units or None]
-        units = _class_units(*loader(data_dir, seed), groups, n_tr, n_te, seed)
+        units = class_units(*loader(data_dir, seed), groups, n_tr, n_te, seed)
         n_x = sum(len(u.train) for u in units)
         n_y = sum(len(u.test) for u in units)
         return Stream(name, "classification", units, 10, new_classes=True,
@@ -234,7 +173,7 @@ def _letter(c: CompareConfig, seed: int, data_dir) -> Stream:
     groups = [tuple(range(10))] + [tuple(range(10 + 4 * s, 14 + 4 * s)) for s in range(4)]
     groups = groups[: c.n_units or None]
     n_tr, n_te = c.n_train or 100, c.n_test or 100
-    units = _class_units(xtr, ytr, xte, yte, groups, n_tr, n_te, seed)
+    units = class_units(xtr, ytr, xte, yte, groups, n_tr, n_te, seed)
     return Stream("letter-sessions", "classification", units, 26, new_classes=True,
                   size=f"a base session of 10 letters and {len(groups) - 1} sessions of 4 new "
                        f"letters; <= {n_tr} training and <= {n_te} test rows per letter")
@@ -268,7 +207,9 @@ def _kalman_mnist(stationary: bool):
 
 def _uci(name: str):
     def build(c: CompareConfig, seed: int, data_dir) -> Stream:
-        from ppl_cl.experiments.vips import DEFAULT_FOLDS, load_uci_full, uci_stream, zscore
+        from ppl_cl.data.standardize import zscore
+        from ppl_cl.data.streams import uci_stream
+        from ppl_cl.experiments.vips import DEFAULT_FOLDS, load_uci_full
 
         x, y = load_uci_full(name, data_dir)
         n_batches = 20
@@ -284,7 +225,7 @@ def _uci(name: str):
 
 def _multitask(name: str):
     def build(c: CompareConfig, seed: int, data_dir) -> Stream:
-        from ppl_cl.experiments.gp_ella import split_and_center
+        from ppl_cl.data.standardize import split_and_center
 
         if name == "schools":
             from ppl_cl.data.loaders import load_schools
@@ -308,8 +249,8 @@ def _multitask(name: str):
 
 
 def _synthetic_regression(c: CompareConfig, seed: int, data_dir) -> Stream:
+    from ppl_cl.data.streams import uci_stream
     from ppl_cl.data.synthetic import vips_d1
-    from ppl_cl.experiments.vips import uci_stream
 
     x, y = vips_d1(seed)
     n_batches = c.n_units or 5
@@ -373,7 +314,15 @@ def build_stream(name: str, config: CompareConfig, seed: int = 0, data_dir=None)
 # ---------------------------------------------------------------------------------------------
 # learners
 # ---------------------------------------------------------------------------------------------
-class LearnerDef(NamedTuple):
+class CompareLearner(NamedTuple):
+    """How ``ppl-cl compare`` builds and feeds one of its learners.
+
+    ``learner`` is the name of the learner's class in the one learner registry,
+    :data:`ppl_cl.learners.LEARNERS` (the name its checkpoints record); ``make`` builds it with
+    the comparison's settings. Several entries may share one class (the online sparse GP's
+    selection rules, the Kalman regressor with and without a learned drift)."""
+
+    learner: str                    # a name of ppl_cl.learners.LEARNERS
     kind: str                       # "classification" / "regression"
     feed: str                       # "task" or "chunks"
     make: Callable[[Stream, CompareConfig, int, str], Any]
@@ -383,8 +332,8 @@ class LearnerDef(NamedTuple):
 
 def _vargp(s: Stream, c: CompareConfig, seed: int, device: str):
     from ppl_cl.configs.vargp import SMALL_BUDGET
-    from ppl_cl.learners.vargp import VARGP
 
+    VARGP = learner_class("vargp")
     extra = {"inducing_per_task": c.vargp_inducing} if c.vargp_inducing else {}
     return VARGP(num_classes=s.num_classes, max_epochs=c.vargp_max_epochs, stopping="none",
                  **SMALL_BUDGET,
@@ -392,9 +341,8 @@ def _vargp(s: Stream, c: CompareConfig, seed: int, device: str):
 
 
 def _gptree(s: Stream, c: CompareConfig, seed: int, device: str):
-    from ppl_cl.learners.gp_tree import GPTree
-
-    return GPTree(num_steps=c.gibbs_steps, num_chains=c.gibbs_chains, seed=seed, device=device)
+    return learner_class("gp-tree")(num_steps=c.gibbs_steps, num_chains=c.gibbs_chains,
+                                    seed=seed, device=device)
 
 
 def label_shift(s: Stream) -> bool:
@@ -414,58 +362,49 @@ def _kalman_config(s: Stream, seed: int):
     with a learned drift the filter explains each chunk by moving the intercepts and forgets
     the features (docs/compare.md); that tracks a shift of the labels and fails where there
     is none."""
-    from ppl_cl.experiments.kalman import KalmanOnlineMnistConfig, _kalman_row
+    from ppl_cl.experiments.kalman import KalmanOnlineMnistConfig, kalman_row
 
     stream = "nonstationary" if label_shift(s) else "stationary"
-    return _kalman_row(KalmanOnlineMnistConfig(), stream, "learned", "replay",
+    return kalman_row(KalmanOnlineMnistConfig(), stream, "learned", "replay",
                        num_classes=s.num_classes, input_dim=s.input_dim, seed=seed)
 
 
 def _kalman(s: Stream, c: CompareConfig, seed: int, device: str):
-    from ppl_cl.learners.kalman import KalmanClassifier
-
-    return KalmanClassifier(_kalman_config(s, seed))
+    return learner_class("kalman-classifier")(_kalman_config(s, seed))
 
 
 def _sgd(s: Stream, c: CompareConfig, seed: int, device: str):
-    from ppl_cl.experiments.kalman import _mnist_sgd
-    from ppl_cl.learners.online_sgd import OnlineSGDClassifier
+    from ppl_cl.experiments.kalman import mnist_sgd_config
 
-    return OnlineSGDClassifier(dataclasses.replace(_mnist_sgd(), num_classes=s.num_classes,
-                                                   input_dim=s.input_dim, seed=seed))
+    return learner_class("online-sgd-classifier")(dataclasses.replace(
+        mnist_sgd_config(), num_classes=s.num_classes, input_dim=s.input_dim, seed=seed))
 
 
 def _exact(s: Stream, c: CompareConfig, seed: int, device: str):
-    from ppl_cl.learners.exact_gp import ExactGP
-
-    return _Capped(ExactGP(kernel="se"), c.exact_max_train, seed)
+    return _Capped(learner_class("exact-gp")(kernel="se"), c.exact_max_train, seed)
 
 
 def _online_sgpr(policy: str):
     def make(s: Stream, c: CompareConfig, seed: int, device: str):
-        from ppl_cl.learners.vips import OnlineSGPR
+        from ppl_cl.configs.vips import UCI_OIPS_RHO
 
         extra = {"fixed_m": c.fixed_m} if policy == "fixed" else {}
-        return OnlineSGPR(policy=policy, oips_rho=0.96, seed=seed, **extra)
+        return learner_class("online-sgpr")(policy=policy, oips_rho=UCI_OIPS_RHO, seed=seed,
+                                            **extra)
     return make
 
 
 def _gp_ella(s: Stream, c: CompareConfig, seed: int, device: str):
-    from ppl_cl.learners.gp_ella import GPELLA
-
-    return GPELLA(seed=seed)
+    return learner_class("gp-ella")(seed=seed)
 
 
 def _individual(s: Stream, c: CompareConfig, seed: int, device: str):
-    from ppl_cl.learners.gp_ella_baselines import IndividualGPs
-
-    return IndividualGPs()
+    return learner_class("gp-ella-individual-gps")()
 
 
 def _shared(s: Stream, c: CompareConfig, seed: int, device: str):
-    from ppl_cl.learners.gp_ella_baselines import SharedGP
-
-    return SharedGP(seed=seed, **({"max_train": c.exact_max_train} if c.exact_max_train else {}))
+    extra = {"max_train": c.exact_max_train} if c.exact_max_train else {}
+    return learner_class("gp-ella-shared-gp")(seed=seed, **extra)
 
 
 def median_distance(x: np.ndarray, max_points: int = 1000, seed: int = 0) -> float:
@@ -484,8 +423,7 @@ def median_distance(x: np.ndarray, max_points: int = 1000, seed: int = 0) -> flo
 def _kalman_rff(drift: bool):
     def make(s: Stream, c: CompareConfig, seed: int, device: str):
         from ppl_cl.configs.kalman import NetworkConfig
-        from ppl_cl.learners.kalman import KalmanRegressor
-
+        KalmanRegressor = learner_class("kalman-regressor")
         # the SE lengthscale of the features: given, or the median distance of the first
         # unit's inputs (inputs only: the prequential scores stay honest)
         ell = c.rff_lengthscale or median_distance(np.asarray(s.units[0].train.x), seed=seed)
@@ -499,26 +437,35 @@ def _kalman_rff(drift: bool):
     return make
 
 
-#: compare name -> how it is built and fed
-LEARNERS: dict[str, LearnerDef] = {
-    "vargp": LearnerDef("classification", "task", _vargp, "VAR-GP"),
-    "gp-tree": LearnerDef("classification", "task", _gptree, "GP-Tree (Gibbs)"),
-    "kalman": LearnerDef("classification", "chunks", _kalman,
-                         "Kalman OCL (learned gamma, fine-tuning + replay)"),
-    "online-sgd": LearnerDef("classification", "chunks", _sgd, "online SGD + replay"),
-    "exact-gp": LearnerDef("regression", "task", _exact, "exact GP (refit on all seen)"),
-    "vips": LearnerDef("regression", "task", _online_sgpr("vips"), "online SGPR, VIPS"),
-    "cv": LearnerDef("regression", "task", _online_sgpr("cv"), "online SGPR, Conditional Var."),
-    "oips": LearnerDef("regression", "task", _online_sgpr("oips"), "online SGPR, OIPS"),
-    "fixed-m": LearnerDef("regression", "task", _online_sgpr("fixed"), "online SGPR, fixed M"),
-    "gp-ella": LearnerDef("regression", "task", _gp_ella, "GP-ELLA", task_aware=True),
-    "individual-gps": LearnerDef("regression", "task", _individual, "individual GPs",
-                                 task_aware=True),
-    "shared-gp": LearnerDef("regression", "task", _shared, "shared GP", task_aware=True),
-    "kalman-rff": LearnerDef("regression", "chunks", _kalman_rff(False),
-                             "Kalman regressor on RFF, gamma = 1"),
-    "kalman-rff-drift": LearnerDef("regression", "chunks", _kalman_rff(True),
-                                   "Kalman regressor on RFF, learned gamma"),
+#: compare name -> how it is built and fed; each names its class in ppl_cl.learners.LEARNERS
+COMPARE_LEARNERS: dict[str, CompareLearner] = {
+    "vargp": CompareLearner("vargp", "classification", "task", _vargp, "VAR-GP"),
+    "gp-tree": CompareLearner("gp-tree", "classification", "task", _gptree, "GP-Tree (Gibbs)"),
+    "kalman": CompareLearner("kalman-classifier", "classification", "chunks", _kalman,
+                             "Kalman OCL (learned gamma, fine-tuning + replay)"),
+    "online-sgd": CompareLearner("online-sgd-classifier", "classification", "chunks", _sgd,
+                                 "online SGD + replay"),
+    "exact-gp": CompareLearner("exact-gp", "regression", "task", _exact,
+                               "exact GP (refit on all seen)"),
+    "vips": CompareLearner("online-sgpr", "regression", "task", _online_sgpr("vips"),
+                           "online SGPR, VIPS"),
+    "cv": CompareLearner("online-sgpr", "regression", "task", _online_sgpr("cv"),
+                         "online SGPR, Conditional Var."),
+    "oips": CompareLearner("online-sgpr", "regression", "task", _online_sgpr("oips"),
+                           "online SGPR, OIPS"),
+    "fixed-m": CompareLearner("online-sgpr", "regression", "task", _online_sgpr("fixed"),
+                              "online SGPR, fixed M"),
+    "gp-ella": CompareLearner("gp-ella", "regression", "task", _gp_ella, "GP-ELLA",
+                              task_aware=True),
+    "individual-gps": CompareLearner("gp-ella-individual-gps", "regression", "task",
+                                     _individual, "individual GPs", task_aware=True),
+    "shared-gp": CompareLearner("gp-ella-shared-gp", "regression", "task", _shared,
+                                "shared GP", task_aware=True),
+    "kalman-rff": CompareLearner("kalman-regressor", "regression", "chunks", _kalman_rff(False),
+                                 "Kalman regressor on RFF, gamma = 1"),
+    "kalman-rff-drift": CompareLearner("kalman-regressor", "regression", "chunks",
+                                       _kalman_rff(True),
+                                       "Kalman regressor on RFF, learned gamma"),
 }
 
 
@@ -550,7 +497,7 @@ class _Capped:
 
 def not_applicable(name: str, stream: Stream) -> str | None:
     """Why learner ``name`` cannot take ``stream``'s protocol, or None if it can."""
-    d = LEARNERS[name]
+    d = COMPARE_LEARNERS[name]
     if d.kind != stream.kind:
         return f"a {d.kind} learner; the stream is {stream.kind}"
     if stream.online and d.feed == "task":
@@ -611,93 +558,133 @@ def _predict(learner, x, task_id, stream: Stream):
     return pred
 
 
+class _Driven:
+    """A learner as the comparison drives it through :mod:`ppl_cl.protocols`: ``predict`` is
+    the prequential predictive (:func:`_predict`: the uniform before any data, padded and
+    smoothed to every class), ``update`` the learner's, and ``clock`` sums the seconds of
+    these calls and of :meth:`timed` ones (the test-set scoring)."""
+
+    def __init__(self, learner, stream: Stream):
+        self.learner, self.stream, self.clock = learner, stream, 0.0
+
+    def timed(self, fn, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.clock += time.perf_counter() - t0
+
+    def predict(self, x, task_id=None):
+        return self.timed(_predict, self.learner, x, task_id, self.stream)
+
+    def update(self, batch: Batch):
+        return self.timed(self.learner.update, batch)
+
+
+def unit_chunks(unit: Unit, entry: "CompareLearner", chunk_size: int) -> list[Batch]:
+    """The batches a learner is fed from one unit: the whole unit (``feed="task"``) or chunks
+    of ``chunk_size`` points in order (``feed="chunks"``), with the unit's task id for a
+    task-aware learner."""
+    x, y = np.asarray(unit.train.x), np.asarray(unit.train.y)
+    n = len(unit.train)
+    step = chunk_size if entry.feed == "chunks" else max(n, 1)
+    tid = unit.task_id if entry.task_aware else None
+    return [Batch(x[idx], y[idx], task_id=tid)
+            for idx in (np.arange(a, min(a + step, n)) for a in range(0, n, step))]
+
+
+class _Scores:
+    """The per-unit curves of :func:`run_learner` and the final metrics built from them."""
+
+    def __init__(self, stream: Stream):
+        U = len(stream.units)
+        self.stream, self.R = stream, np.full((U, U), np.nan)
+        self.logp, self.correct = [], []
+        self.curves: dict[str, list] = {"rmse": [], "nlpd": [], "m": [], "online": []}
+
+    def online(self, result) -> None:
+        """The prequential scores of one unit (none on a multi-task stream)."""
+        if result.log_prob.size == 0 and result.correct is None and result.sq_error is None:
+            return
+        self.logp.append(result.log_prob)
+        if self.stream.kind == "classification":
+            self.correct.append(result.correct)
+            self.curves["online"].append(float(np.mean(np.concatenate(self.correct))))
+        else:
+            self.curves["online"].append(float(-np.mean(np.concatenate(self.logp))))
+
+    def regression(self, predictives: list, tests: list, record) -> None:
+        """RMSE and NLPD on the pooled test points of the units so far, and M."""
+        from ppl_cl.metrics import nlpd, rmse
+
+        mu = np.concatenate([p.mean for p in predictives])
+        var = np.concatenate([p.variance for p in predictives])
+        y = np.concatenate([np.asarray(u.test.y, np.float64) for u in tests])
+        self.curves["rmse"].append(rmse(y, mu))
+        self.curves["nlpd"].append(nlpd(y, mu, var))
+        self.curves["m"].append(float(record["m"]) if isinstance(record, dict) and "m" in record
+                                else float("nan"))
+
+    def classification_summary(self, test_predictives: list) -> dict[str, Any]:
+        from ppl_cl.metrics import average_accuracy, expected_calibration_error, forgetting
+
+        k = self.stream.num_classes
+        probs = np.concatenate([_padded(p, k).probs for p in test_predictives])
+        y = np.concatenate([np.asarray(u.test.y) for u in self.stream.units])
+        logp, avg = np.concatenate(self.logp), average_accuracy(self.R)
+        out = dict(final_avg_accuracy=float(avg[-1]),
+                   online_accuracy=float(np.mean(np.concatenate(self.correct))),
+                   cum_logloss=float(-logp.sum()), mean_logloss=float(-logp.mean()),
+                   ece=float(expected_calibration_error(probs, y)),
+                   accuracy_matrix=self.R.tolist(), average_accuracy=avg.tolist(),
+                   online_curve=self.curves["online"])
+        if len(self.R) > 1:
+            out["forgetting"] = float(forgetting(self.R))
+        return out
+
+    def regression_summary(self) -> dict[str, Any]:
+        c = self.curves
+        out = dict(rmse=c["rmse"][-1], nlpd=c["nlpd"][-1], rmse_curve=c["rmse"],
+                   nlpd_curve=c["nlpd"])
+        if self.logp:
+            out.update(online_nlpd=float(-np.concatenate(self.logp).mean()),
+                       online_curve=c["online"])
+        if np.isfinite(c["m"]).any():
+            out.update(m=c["m"][-1], m_curve=c["m"])
+        return out
+
+
 def run_learner(name: str, stream: Stream, config: CompareConfig, seed: int = 0,
                 device: str = "cpu", progress=None) -> dict[str, Any]:
-    """Feed ``stream`` to learner ``name`` (module docstring) and score it.
+    """Feed ``stream`` to learner ``name`` (module docstring) and score it, through the loops
+    of :mod:`ppl_cl.protocols` only: per unit, :func:`~ppl_cl.protocols.prequential` over
+    its chunks (learning only on a multi-task stream), then
+    :func:`~ppl_cl.protocols.evaluate_tasks` (a row of ``R``) or
+    :func:`~ppl_cl.protocols.predict_tasks` (pooled RMSE / NLPD) on the units so far.
 
     Returns per-unit curves and the final metrics (fractions for accuracies, nats for
     log-losses)."""
-    from ppl_cl.metrics import nlpd, rmse
-    from ppl_cl.protocols import evaluate_tasks
+    from ppl_cl.protocols import evaluate_tasks, predict_tasks, prequential
 
-    d = LEARNERS[name]
-    learner = d.make(stream, config, seed, device)
-    U = len(stream.units)
-    clock = 0.0
-    pre_logp, pre_correct = [], []
-    R = np.full((U, U), np.nan)
-    curves: dict[str, list] = {"rmse": [], "nlpd": [], "m": [], "online": []}
+    entry = COMPARE_LEARNERS[name]
+    driven = _Driven(entry.make(stream, config, seed, device), stream)
+    scores = _Scores(stream)
     units = stream.units if progress is None else progress(stream.units, desc=name)
     for i, unit in enumerate(units):
-        tid = unit.task_id if d.task_aware else None
-        if d.feed == "chunks":
-            n = len(unit.train)
-            parts = [np.arange(a, min(a + config.chunk_size, n))
-                     for a in range(0, n, config.chunk_size)]
-        else:
-            parts = [np.arange(len(unit.train))]
-        for idx in parts:
-            xb = np.asarray(unit.train.x)[idx]
-            yb = np.asarray(unit.train.y)[idx]
-            if not stream.multitask:    # a new task has no predictive in a multi-task learner
-                t0 = time.perf_counter()
-                pred = _predict(learner, xb, tid, stream)
-                clock += time.perf_counter() - t0
-                pre_logp.append(pred.log_prob(yb))
-                if stream.kind == "classification":
-                    pre_correct.append(pred.predicted_class() == yb)
-            t0 = time.perf_counter()
-            record = learner.update(Batch(xb, yb, task_id=tid) if d.task_aware
-                                    else Batch(xb, yb))
-            clock += time.perf_counter() - t0
-        if pre_logp:
-            curves["online"].append(float(np.mean(np.concatenate(pre_correct)))
-                                    if stream.kind == "classification"
-                                    else float(-np.mean(np.concatenate(pre_logp))))
+        result = prequential(driven, unit_chunks(unit, entry, config.chunk_size),
+                             score=not stream.multitask)
+        scores.online(result)
         if stream.kind == "classification":
-            t0 = time.perf_counter()
-            R[i] = evaluate_tasks(learner, stream.units, upto=i)[0]
-            clock += time.perf_counter() - t0
+            scores.R[i] = driven.timed(evaluate_tasks, driven.learner, stream.units, upto=i)[0]
         else:
-            means, variances, ys = [], [], []
-            t0 = time.perf_counter()
-            for u in stream.units[: i + 1]:
-                p = learner.predict(np.asarray(u.test.x),
-                                    task_id=u.task_id if d.task_aware else None)
-                means.append(p.mean)
-                variances.append(p.variance)
-                ys.append(np.asarray(u.test.y, np.float64))
-            clock += time.perf_counter() - t0
-            mu, var, y = np.concatenate(means), np.concatenate(variances), np.concatenate(ys)
-            curves["rmse"].append(rmse(y, mu))
-            curves["nlpd"].append(nlpd(y, mu, var))
-            curves["m"].append(float(record["m"]) if isinstance(record, dict) and "m" in record
-                               else float("nan"))
-    logp = np.concatenate(pre_logp) if pre_logp else None
-    out: dict[str, Any] = {"wall_time_s": clock, "units": U}
+            preds = driven.timed(predict_tasks, driven.learner, stream.units, upto=i,
+                                 use_task_id=entry.task_aware)
+            scores.regression(preds, stream.units[: i + 1], result.records[-1])
+    out: dict[str, Any] = {"wall_time_s": driven.clock, "units": len(stream.units)}
     if stream.kind == "classification":
-        from ppl_cl.metrics import average_accuracy, expected_calibration_error, forgetting
-
-        probs = np.concatenate([_padded(learner.predict(np.asarray(u.test.x)),
-                                        stream.num_classes).probs for u in stream.units])
-        y = np.concatenate([np.asarray(u.test.y) for u in stream.units])
-        avg = average_accuracy(R)
-        out.update(final_avg_accuracy=float(avg[-1]),
-                   online_accuracy=float(np.mean(np.concatenate(pre_correct))),
-                   cum_logloss=float(-logp.sum()), mean_logloss=float(-logp.mean()),
-                   ece=float(expected_calibration_error(probs, y)),
-                   accuracy_matrix=R.tolist(), average_accuracy=avg.tolist(),
-                   online_curve=curves["online"])
-        if U > 1:
-            out["forgetting"] = float(forgetting(R))
+        out.update(scores.classification_summary(predict_tasks(driven.learner, stream.units)))
     else:
-        out.update(rmse=curves["rmse"][-1], nlpd=curves["nlpd"][-1],
-                   rmse_curve=curves["rmse"], nlpd_curve=curves["nlpd"])
-        if logp is not None:
-            out.update(online_nlpd=float(-logp.mean()), online_curve=curves["online"])
-        if np.isfinite(curves["m"]).any():
-            out["m"] = curves["m"][-1]
-            out["m_curve"] = curves["m"]
+        out.update(scores.regression_summary())
     return out
 
 
@@ -740,7 +727,7 @@ def report_markdown(stream: Stream | dict, summary: dict, not_app: dict[str, str
             if std is not None and _key(metric, name) in std:
                 cell += " ± " + fmt.format(std[_key(metric, name)])
             cells.append(cell)
-        lines.append(f"| {LEARNERS[name].label} (`{name}`) | " + " | ".join(cells) + " |")
+        lines.append(f"| {COMPARE_LEARNERS[name].label} (`{name}`) | " + " | ".join(cells) + " |")
     if not_app:
         lines += ["", "Not run (the protocol does not fit):", ""]
         lines += [f"- `{n}`: {why}" for n, why in not_app.items()]
@@ -763,7 +750,7 @@ def _figure(stream: Stream, results: dict[str, dict], title: str):
             if key in res:
                 v = np.asarray(res[key], dtype=float)
                 ax.plot(np.arange(1, len(v) + 1), v, marker="o", ms=3,
-                        label=LEARNERS[name].label)
+                        label=COMPARE_LEARNERS[name].label)
         ax.set_xlabel("units (tasks / sessions / batches)")
         ax.set_title(label, fontsize=9)
         ax.grid(alpha=0.3)
@@ -779,7 +766,8 @@ def compare_stream(stream_name: str, config: CompareConfig, ctx: RunContext) -> 
     import jax
 
     stream = build_stream(stream_name, config, ctx.seed, ctx.data_dir)
-    names = list(config.learners) or [n for n, d in LEARNERS.items() if d.kind == stream.kind]
+    names = list(config.learners) or [n for n, d in COMPARE_LEARNERS.items()
+                                      if d.kind == stream.kind]
     not_app = {n: why for n in names if (why := not_applicable(n, stream)) is not None}
     run = [n for n in names if n not in not_app]
     if not run:

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from ppl_cl.configs.gp_ella import GPELLAConfig
+from ppl_cl.data.standardize import split_and_center
 from ppl_cl.experiments.base import Claim, PaperNumber, RunContext, register
 
 METHODS = ("gp_ella", "individual", "shared", "mtgp", "mtgp_rank2", "ella")
@@ -138,25 +139,6 @@ class ParkinsonsConfig(GPELLAProtocolConfig):
 # ---------------------------------------------------------------------------------------------
 # protocol
 # ---------------------------------------------------------------------------------------------
-def split_and_center(tasks: list[tuple[np.ndarray, np.ndarray]], rng: np.random.Generator):
-    """50/50 split per task; features standardized with pooled training statistics, then
-    features and targets centred on each task's training means (Sect. 5.2)."""
-    raw = []
-    for x, y in tasks:
-        perm = rng.permutation(len(y))
-        h = len(y) // 2 if len(y) > 1 else 1
-        raw.append((x[perm[:h]], y[perm[:h]], x[perm[h:]], y[perm[h:]]))
-    Xtr = np.concatenate([r[0] for r in raw])
-    mean, std = Xtr.mean(axis=0), Xtr.std(axis=0)
-    std = np.where(std > 0, std, 1.0)
-    out = []
-    for xt, yt, xs, ys in raw:
-        xt, xs = (xt - mean) / std, (xs - mean) / std
-        mx, my = xt.mean(axis=0), yt.mean()
-        out.append((xt - mx, yt - my, xs - mx, ys - my))
-    return out
-
-
 def _k_grid(d: int, k_max: int) -> list[int]:
     top = 2 * d if k_max <= 0 else min(k_max, 2 * d)
     return list(range(2, top + 1, 2))
@@ -377,14 +359,52 @@ _EXTRA_KEYS = {"gp_ella": ("n_eff", "smoothing_variance") + DIAGNOSTICS,
                "individual": ("n_eff", "smoothing_variance", "fit_converged_fraction")}
 
 
+def _restore_run(saved: dict, results: dict, extras: dict, tuned_log: list) -> None:
+    """Append a run finished before a stop (its checkpoint ``saved``) to the results."""
+    for r in results:
+        results[r]["rmse"].append(float(saved["results"][r]["rmse"]))
+        results[r]["seconds"].append(float(saved["results"][r]["seconds"]))
+    for m, ex in extras.items():
+        for k in ex:
+            ex[k].append(float(saved["extras"][m][k]))
+    if saved.get("tuned"):
+        tuned_log.append(saved["tuned"])
+
+
+def _tuning_split(data: list, tasks, rng: np.random.Generator) -> list:
+    """Half of each tuning task's training points to fit, half to validate (Sect. 5.2)."""
+    sub = []
+    for t in tasks:
+        xt, yt, _, _ = data[t]
+        p = rng.permutation(len(yt))
+        h = max(1, len(yt) // 2)
+        sub.append((xt[p[:h]], yt[p[:h]], xt[p[h:]], yt[p[h:]]))
+    return sub
+
+
+def _tune(sub: list, config: "GPELLAProtocolConfig", ks: list[int], seed: int) -> dict:
+    """The settings of each tuned method chosen on ``sub`` (:func:`_tuning_split`)."""
+    tuned: dict[str, dict] = {}
+    if "gp_ella" in config.methods:
+        tuned["gp_ella"] = tune_gp_ella(sub, config.learner, ks, config.grid_exponents)
+    if "individual" in config.methods and config.ablations and _tunes_ratio(config.learner):
+        tuned["individual"] = tune_individual_smoothing(
+            sub, _individual_config(config.learner, seed))
+    if "ella" in config.methods:
+        from ppl_cl.configs.gp_ella import LinearELLAConfig
+
+        tuned["ella"] = tune_ella(sub, LinearELLAConfig(), ks, config.grid_exponents)
+    return tuned
+
+
 def run_protocol(tasks: list, config: GPELLAProtocolConfig, ctx: RunContext, name: str) -> dict:
     import jax
 
-    from ppl_cl.learners.gp_ella import _synchronous_cpu_dispatch
+    from ppl_cl.learners.gp_ella import synchronous_cpu_dispatch
     from ppl_cl.numerics import enable_x64
 
     enable_x64()
-    _synchronous_cpu_dispatch()
+    synchronous_cpu_dispatch()
     bad = set(config.methods) - set(METHODS)
     if bad:
         raise ValueError(f"methods: unknown {sorted(bad)}; expected some of {METHODS}")
@@ -402,37 +422,16 @@ def run_protocol(tasks: list, config: GPELLAProtocolConfig, ctx: RunContext, nam
         for run in ctx.progress(range(config.n_runs), desc=name):
             saved = ctx.load_checkpoint(f"run{run}")
             if saved is not None:  # --resume: this run finished before the stop
-                for r in rows:
-                    results[r]["rmse"].append(float(saved["results"][r]["rmse"]))
-                    results[r]["seconds"].append(float(saved["results"][r]["seconds"]))
-                for m, ex in extras.items():
-                    for k in ex:
-                        ex[k].append(float(saved["extras"][m][k]))
-                if saved.get("tuned"):
-                    tuned_log.append(saved["tuned"])
+                _restore_run(saved, results, extras, tuned_log)
                 continue
             rng = np.random.default_rng([ctx.seed, run])
             data = split_and_center(tasks, rng)
             order = rng.permutation(len(data))
             tuned: dict[str, dict] = {}
             if config.tune:
-                sub = []
-                for t in order[: config.tune_tasks]:
-                    xt, yt, _, _ = data[t]
-                    p = rng.permutation(len(yt))
-                    h = max(1, len(yt) // 2)
-                    sub.append((xt[p[:h]], yt[p[:h]], xt[p[h:]], yt[p[h:]]))
+                sub = _tuning_split(data, order[: config.tune_tasks], rng)
                 t0 = time.perf_counter()
-                if "gp_ella" in config.methods:
-                    tuned["gp_ella"] = tune_gp_ella(sub, config.learner, ks, config.grid_exponents)
-                if "individual" in config.methods and config.ablations and \
-                        _tunes_ratio(config.learner):
-                    tuned["individual"] = tune_individual_smoothing(
-                        sub, _individual_config(config.learner, ctx.seed))
-                if "ella" in config.methods:
-                    from ppl_cl.configs.gp_ella import LinearELLAConfig
-
-                    tuned["ella"] = tune_ella(sub, LinearELLAConfig(), ks, config.grid_exponents)
+                tuned = _tune(sub, config, ks, ctx.seed)
                 tuned_log.append({m: {k: v for k, v in p.items()} for m, p in tuned.items()})
                 ctx.log(f"run {run}: tuned {tuned_log[-1]} in {time.perf_counter() - t0:.1f} s")
             tuned = {m: {k: v for k, v in p.items() if k != "val_mse"} for m, p in tuned.items()}

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -220,7 +220,7 @@ def _mnist_learner() -> KalmanConfig:
                         learning_rate=0.05, replay_capacity=100, replay_size=10)
 
 
-def _mnist_sgd() -> OnlineSGDConfig:
+def mnist_sgd_config() -> OnlineSGDConfig:
     return OnlineSGDConfig(network=_mnist_network(), learning_rate=0.2, replay_capacity=100,
                            replay_size=10)
 
@@ -283,7 +283,7 @@ class _OnlineConfig(_StreamsConfig):
     beta_grid: tuple[float, ...] = (0.1, 1.0, 10.0)
     rho_grid: tuple[float, ...] = (0.1, 0.01, 0.001)
     sgd_grid: tuple[float, ...] = (0.1, 0.01, 0.001)
-    sgd: OnlineSGDConfig = field(default_factory=_mnist_sgd)
+    sgd: OnlineSGDConfig = field(default_factory=mnist_sgd_config)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -321,7 +321,7 @@ class KalmanOnlineCifar100Config(_OnlineConfig):
     learner: KalmanConfig = field(default_factory=lambda: dataclasses.replace(
         _mnist_learner(), network=_cifar_network(), learning_rate=0.01))
     sgd: OnlineSGDConfig = field(default_factory=lambda: dataclasses.replace(
-        _mnist_sgd(), network=_cifar_network()))
+        mnist_sgd_config(), network=_cifar_network()))
 
 
 def _make_streams(config: _StreamsConfig, x: np.ndarray, y: np.ndarray, num_classes: int,
@@ -368,7 +368,7 @@ def _with_input_shape(network: NetworkConfig, input_shape) -> NetworkConfig:
     return network
 
 
-def _kalman_row(config: _StreamsConfig, stream: str, variant: str, regime: str,
+def kalman_row(config: _StreamsConfig, stream: str, variant: str, regime: str,
                 fixed_forgetting: float = 0.999, **overrides) -> KalmanConfig:
     """The learner config of one Kalman row: ``config.learner`` with the stream's Table 3
     settings, the variant's gamma and the regime's fine-tuning / replay; ``overrides``: the
@@ -443,14 +443,37 @@ def online_figure(title: str, stream: str, gamma_traj: dict, acc_curves: dict,
     return fig
 
 
+def _row_maker(config: _OnlineConfig, stream: str, variant: str, regime: str, fields: dict,
+               network: Any, sgd_network: Any):
+    """A row of Table 1 on ``stream``: its name and ``make(steps)``, a fresh learner of the
+    row with the step sizes ``steps`` (online SGD for ``variant == "sgd"``)."""
+    from ppl_cl.learners.kalman import KalmanClassifier
+    from ppl_cl.learners.online_sgd import OnlineSGDClassifier
+
+    if variant == "sgd":
+        row = f"{stream}_sgd" + ("_replay" if regime == "replay" else "")
+
+        def make(steps, regime=regime):
+            return OnlineSGDClassifier(dataclasses.replace(
+                config.sgd, network=sgd_network, replay_capacity=(
+                    config.sgd.replay_capacity if regime == "replay" else 0),
+                **fields, **steps))
+    else:
+        row = f"{stream}_{variant}_{regime}"
+
+        def make(steps, variant=variant, regime=regime):
+            return KalmanClassifier(kalman_row(
+                config, stream, variant, regime, config.fixed_forgetting,
+                network=network, **fields, **steps))
+    return row, make
+
+
 def _run_rows(config: _OnlineConfig, ctx: RunContext, data: tuple, held_out: tuple,
               num_classes: int, input_shape: tuple[int, ...] | None, title: str) -> dict:
     """Every row of Table 1 on both streams. ``data`` / ``held_out``: ``(x, y)`` of the
     reported streams (training split) and of the selection streams (test split)."""
     import jax
 
-    from ppl_cl.learners.kalman import KalmanClassifier
-    from ppl_cl.learners.online_sgd import OnlineSGDClassifier
     from ppl_cl.metrics import average_online_accuracy, cumulative_log_predictive
     from ppl_cl.protocols import prequential, select_prequential
 
@@ -471,21 +494,8 @@ def _run_rows(config: _OnlineConfig, ctx: RunContext, data: tuple, held_out: tup
                 rows += [("sgd", "linear"), ("sgd", "replay")]
             gamma_traj, acc_curves, labels = {}, {}, {}
             for variant, regime in rows:
-                if variant == "sgd":
-                    row = f"{stream}_sgd" + ("_replay" if regime == "replay" else "")
-
-                    def make(steps, regime=regime):
-                        return OnlineSGDClassifier(dataclasses.replace(
-                            config.sgd, network=sgd_network, replay_capacity=(
-                                config.sgd.replay_capacity if regime == "replay" else 0),
-                            **fields, **steps))
-                else:
-                    row = f"{stream}_{variant}_{regime}"
-
-                    def make(steps, variant=variant, regime=regime):
-                        return KalmanClassifier(_kalman_row(
-                            config, stream, variant, regime, config.fixed_forgetting,
-                            network=network, **fields, **steps))
+                row, make = _row_maker(config, stream, variant, regime, fields, network,
+                                       sgd_network)
                 grid = _step_size_grid(config, variant, regime)
                 best = 0
                 if len(grid) > 1:
@@ -676,7 +686,7 @@ def _ablation_rows(config: _StreamsConfig, ctx: RunContext, rows: dict, chunk_si
     for stream, (chunks, task_starts) in streams.items():
         out[stream] = {"task_starts": task_starts, "n_points": sum(len(c) for c in chunks)}
         for row, (regime, overrides) in rows.items():
-            learner = KalmanClassifier(_kalman_row(config, stream, "learned", regime,
+            learner = KalmanClassifier(kalman_row(config, stream, "learned", regime,
                                                    **fields, **overrides))
             res = prequential(learner, ctx.progress(chunks, desc=f"{stream} {row}"))
             out[stream][row] = (res, learner)

@@ -24,13 +24,14 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ppl_cl.configs import CHECKPOINT_EVERY_S
 from ppl_cl.data.root import MissingDataError
 from ppl_cl.errors import ConfigError, DeviceError
 from ppl_cl.experiments import registry, run_experiment
 from ppl_cl.persist import atomic_write_text, make_folder
 from ppl_cl.seeding import check_seed
 
-__all__ = ["reproduce", "aggregate_summaries", "collect"]
+__all__ = ["reproduce", "aggregate_summaries", "collect", "format_value"]
 
 
 def _digits(x: float, n: int) -> str:
@@ -44,15 +45,15 @@ def _digits(x: float, n: int) -> str:
     return f"{x:#.{n}g}".rstrip(".")
 
 
-def _fmt(v) -> str:
+def format_value(v) -> str:
     if isinstance(v, float):
         return _digits(v, 4)
     if isinstance(v, dict) and "mean" in v:
         if isinstance(v["mean"], list):
-            return "[" + ", ".join(_fmt(float(m)) for m in v["mean"]) + "]" + (
+            return "[" + ", ".join(format_value(float(m)) for m in v["mean"]) + "]" + (
                 f" (mean, n = {v['n']})" if v["n"] > 1 else "")
         if v["n"] < 2:
-            return _fmt(v["mean"])
+            return format_value(v["mean"])
         if v["std"] == 0:
             # the same number from every run: not a replication (a seed that picks nothing,
             # or a count), so no "± 0"
@@ -126,15 +127,15 @@ class _Sections:
         for key in [k for k in keys if k in summary]:
             ref = paper.get(key)
             src = (ref.source + (f"; {ref.note}" if ref.note else "")) if ref else ""
-            self.headline.append(f"| {label} | {key} | {_fmt(summary.get(key, '—'))} | "
+            self.headline.append(f"| {label} | {key} | {format_value(summary.get(key, '—'))} | "
                                  f"{ref.format() if ref else '—'} | {src} |")
         for claim in (spec.claims if spec is not None else ()):
             ok = claim.check(summary)
-            values = ", ".join(_fmt(summary.get(k, "—")) for k in claim.all_keys)
+            values = ", ".join(format_value(summary.get(k, "—")) for k in claim.all_keys)
             verdict = {True: "holds", False: "does not hold", None: "not measured"}[ok]
             self.claims.append(f"- {label}: {claim.text} — {verdict} here ({values}).")
         for key in [k for k in summary if k not in keys]:
-            self.diagnostics.append(f"| {label} | {key} | {_fmt(summary[key])} |")
+            self.diagnostics.append(f"| {label} | {key} | {format_value(summary[key])} |")
 
     def missing(self, name: str, status: str, error: str) -> None:
         self.headline.append(f"| {name} | — | not run ({status}) | — | {error[:200]} |")
@@ -150,11 +151,49 @@ class _Sections:
         return out
 
 
+def _selected(only: list[str] | None) -> list:
+    """The headline experiments' specs, or ``only`` those (a :class:`ConfigError` for a name
+    that is not registered)."""
+    reg = registry()
+    unknown = sorted(set(only or ()) - set(reg))
+    if unknown:
+        raise ConfigError(f"--only: unknown experiment(s) {', '.join(unknown)}; `ppl-cl list` "
+                          f"shows: {', '.join(sorted(reg))}")
+    specs = [s for s in reg.values() if s.headline or (only and s.name in only)]
+    return [s for s in specs if not only or s.name in only]
+
+
+def _ok_result(runs: list[dict], seeds: list[int]) -> dict:
+    """An experiment's entry of ``reproduce.json`` from its runs' metrics (one per seed)."""
+    if len(runs) == 1:
+        return {"status": "ok", "summary": runs[0]["summary"],
+                "wall_time_s": runs[0]["wall_time_s"]}
+    return {"status": "ok", "seeds": seeds,
+            "summary": aggregate_summaries([r["summary"] for r in runs]),
+            "per_seed": [r["summary"] for r in runs],
+            "wall_time_s": sum(r["wall_time_s"] for r in runs)}
+
+
+def _report_head(quick: bool, seeds: list[int], overrides: dict[str, str] | None) -> list[str]:
+    """The title and opening lines of ``report.md``."""
+    size = "quick" if quick else "full"
+    seed_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
+    lines = [f"# ppl_cl reproduction report ({size} sizes, {seed_text})", "",
+             "Numbers measured by this run, beside the papers' (source cited per row)."]
+    if quick:
+        lines.append("Quick sizes are far smaller than the papers' settings; the claims section "
+                     "says which of the papers' statements hold at these sizes.")
+    if overrides:
+        lines.append(f"Config overrides: {_overrides_text(overrides)}.")
+    lines.append("")
+    return lines
+
+
 def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: int = 0,
               seeds: Sequence[int] | None = None, device: str = "cpu",
               only: list[str] | None = None, overrides: dict[str, str] | None = None,
               data_dir: str | None = None, show_progress: bool | None = None,
-              resume: bool = False, checkpoint_every_s: float = 600.0,
+              resume: bool = False, checkpoint_every_s: float = CHECKPOINT_EVERY_S,
               force: bool = False, echo: Callable[[str], None] | None = None) -> dict:
     """Run every headline experiment (or ``only`` those) into ``out/<name>/`` (one folder per
     seed when ``seeds`` has several); write ``out/report.md`` and ``out/reproduce.json``.
@@ -182,13 +221,7 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
     seeds = list(seeds) if seeds else [seed]
     for s in seeds:
         check_seed(s, "--seeds" if len(seeds) > 1 else "--seed")
-    reg = registry()
-    unknown = sorted(set(only or ()) - set(reg))
-    if unknown:
-        raise ConfigError(f"--only: unknown experiment(s) {', '.join(unknown)}; `ppl-cl list` "
-                          f"shows: {', '.join(sorted(reg))}")
-    specs = [s for s in reg.values() if s.headline or (only and s.name in only)]
-    specs = [s for s in specs if not only or s.name in only]
+    specs = _selected(only)
     make_folder(out)
     results, failed = {}, []
     ordered = sorted(specs, key=lambda s: s.name)
@@ -202,15 +235,7 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
                                    show_progress=show_progress, resume=resume,
                                    checkpoint_every_s=checkpoint_every_s, force=force)
                     for s in seeds]
-            if len(runs) == 1:
-                results[spec.name] = {"status": "ok", "summary": runs[0]["summary"],
-                                      "wall_time_s": runs[0]["wall_time_s"]}
-            else:
-                results[spec.name] = {
-                    "status": "ok", "seeds": seeds,
-                    "summary": aggregate_summaries([r["summary"] for r in runs]),
-                    "per_seed": [r["summary"] for r in runs],
-                    "wall_time_s": sum(r["wall_time_s"] for r in runs)}
+            results[spec.name] = _ok_result(runs, seeds)
         except MissingDataError as err:
             results[spec.name] = {"status": "missing data", "error": str(err)}
         except (ConfigError, DeviceError):
@@ -224,16 +249,7 @@ def reproduce(out: str | Path = "runs/reproduce", *, quick: bool = False, seed: 
              + ("" if status == "ok" else
                 f" ({results[spec.name]['error'].splitlines()[0][:160]})"))
 
-    size = "quick" if quick else "full"
-    seed_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
-    lines = [f"# ppl_cl reproduction report ({size} sizes, {seed_text})", "",
-             "Numbers measured by this run, beside the papers' (source cited per row)."]
-    if quick:
-        lines.append("Quick sizes are far smaller than the papers' settings; the claims section "
-                     "says which of the papers' statements hold at these sizes.")
-    if overrides:
-        lines.append(f"Config overrides: {_overrides_text(overrides)}.")
-    lines.append("")
+    lines = _report_head(quick, seeds, overrides)
     sections = _Sections()
     for spec in sorted(specs, key=lambda s: s.name):
         res = results[spec.name]

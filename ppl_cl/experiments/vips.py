@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ppl_cl.configs.vips import OnlineSGPRConfig
+from ppl_cl.configs.vips import UCI_OIPS_RHO, OnlineSGPRConfig
+from ppl_cl.data.standardize import zscore
+from ppl_cl.data.streams import cut_batches, stream_order, uci_stream
 from ppl_cl.experiments.base import Claim, PaperNumber, RunContext, register
 
 TABLE1 = "Pescador-Barrios et al. 2024, Table 1"
@@ -113,7 +115,6 @@ def enable_compilation_cache() -> None:
 #: which the reference's loader reads as the first input (``experiments/uci/data/{bike,
 #: elevators}.csv``, ``utils_data.py``)
 INDEX_COLUMN_SETS = ("bike", "elevators")
-SORTS = ("stable", "numpy", "none")
 
 
 def load_uci_full(name: str, data_dir: str | None = None, *, index_feature: bool | None = None
@@ -146,86 +147,6 @@ def load_uci_full(name: str, data_dir: str | None = None, *, index_feature: bool
     if name in INDEX_COLUMN_SETS if index_feature is None else index_feature:
         x = np.concatenate([np.arange(x.shape[0], dtype=np.float64)[:, None], x], axis=1)
     return x, y
-
-
-def zscore(a: np.ndarray) -> np.ndarray:
-    """``(a - mean) / (std + 1e-6)`` over the whole set (``utils_data.normalise``)."""
-    return (a - a.mean(0)) / (a.std(0) + 1e-6)
-
-
-def stream_order(x: np.ndarray, sort: str = "stable") -> np.ndarray:
-    """The row order of the stream: rows sorted by the first input.
-
-    ``"stable"`` (default): ties in the first input keep their file order (a stable sort, the
-    same on every machine). ``"numpy"``: NumPy's default ``argsort`` (introsort, the
-    reference's call), whose order of tied rows depends on the NumPy build and the CPU
-    (concrete's first input has 278 distinct values in 1030 rows, and the reference's order
-    there is in ``tests/ppl_cl/experiments/data/concrete_reference_order.txt``). ``"none"``:
-    file order.
-    """
-    if sort == "stable":
-        return np.argsort(x[:, 0], kind="stable")
-    if sort == "numpy":
-        return np.argsort(x[:, 0])
-    if sort == "none":
-        return np.arange(x.shape[0])
-    raise ValueError(f"sort: expected one of {', '.join(SORTS)}, received {sort!r}")
-
-
-def cut_batches(order: np.ndarray, n_batches: int) -> list[np.ndarray]:
-    """The rows of ``n_batches`` consecutive batches of ``order``: ``N // n_batches`` rows each,
-    the last also taking the remainder (the reference's ``divide_batches*`` and the synthetic
-    scripts' ``div_data``)."""
-    N = order.shape[0]
-    B = int(n_batches)
-    if not 1 <= B <= N:
-        raise ValueError(f"n_batches: expected 1..{N}, received {n_batches!r}")
-    size = N // B
-    return [order[b * size:(b + 1) * size] if b < B - 1 else order[(B - 1) * size:]
-            for b in range(B)]
-
-
-def uci_stream(x: np.ndarray, y: np.ndarray, n_batches: int, n_folds: int, seed: int = 0,
-               order: np.ndarray | str = "stable"):
-    """Per fold, the train and test parts of each batch, as the reference's ``load_data``
-    (``divide_batches_kfolds``; ``divide_batches`` when ``n_folds == 1``).
-
-    Rows are taken in ``order`` (a permutation of the rows, or a :func:`stream_order` name)
-    and cut into ``n_batches`` consecutive batches of ``N // n_batches`` rows, the last taking
-    the remainder as well. Each batch is shuffled by one ``RandomState(seed)`` drawn in batch
-    order (the reference's ``np.random.seed(0)``); ``n_folds >= 2``: the contiguous KFold parts
-    of the shuffled batch (``KFold(shuffle=False)``; fold k tests on part k and trains on the
-    rest); ``n_folds == 1``: the first ``int((N // n_batches) * 0.8)`` rows of every shuffled
-    batch train and the rest test (the last batch's extra rows all go to its test part).
-
-    Returns:
-        ``folds[k] = (train_batches, test_batches)``, lists of ``(x, y)``.
-    """
-    x, y = np.asarray(x), np.asarray(y)
-    N = x.shape[0]
-    order = stream_order(x, order) if isinstance(order, str) else np.asarray(order)
-    if order.shape != (N,) or not np.array_equal(np.sort(order), np.arange(N)):
-        raise ValueError(f"order: expected a permutation of the {N} rows")
-    batches = cut_batches(order, n_batches)
-    size = N // len(batches)
-    rng = np.random.RandomState(seed)
-    K = max(n_folds, 1)
-    folds = [([], []) for _ in range(K)]
-    for rows in batches:
-        rows = rows[rng.permutation(rows.shape[0])]
-        bx, by = x[rows], y[rows]
-        if n_folds >= 2:
-            parts = np.array_split(np.arange(bx.shape[0]), n_folds)   # sklearn KFold's sizes
-            for k in range(n_folds):
-                test = parts[k]
-                train = np.setdiff1d(np.arange(bx.shape[0]), test)
-                folds[k][0].append((bx[train], by[train]))
-                folds[k][1].append((bx[test], by[test]))
-        else:
-            n_tr = int(size * 0.8)
-            folds[0][0].append((bx[:n_tr], by[:n_tr]))
-            folds[0][1].append((bx[n_tr:], by[n_tr:]))
-    return folds
 
 
 def load_order(path: str, n: int) -> np.ndarray:
@@ -350,7 +271,7 @@ class VIPSUCIConfig:
     elevators; one 80/20 split for kin8nm); ``run_folds`` 0 runs every fold; ``max_batches`` 0
     every batch; ``exact_max_train`` 0 fits the exact GP on all training points. The learner
     config is shared by the three selection rules (only its ``policy`` changes); the UCI
-    configs use ``oips_rho = 0.96``.
+    configs use ``oips_rho = UCI_OIPS_RHO`` (0.96).
 
     Stream order (:func:`uci_stream`): ``sort`` names how rows tied in the first input are
     ordered (``"stable"``: file order, the default; ``"numpy"``: this NumPy build's default
@@ -371,7 +292,7 @@ class VIPSUCIConfig:
     sort: str = "stable"
     order_file: str = ""
     index_feature: str = "auto"
-    learner: OnlineSGPRConfig = field(default_factory=lambda: OnlineSGPRConfig(oips_rho=0.96))
+    learner: OnlineSGPRConfig = field(default_factory=lambda: OnlineSGPRConfig(oips_rho=UCI_OIPS_RHO))
 
 
 def uci_data(config, data_dir: str | None):
@@ -503,7 +424,7 @@ class VIPSTable1Config:
     max_batches: int = 0
     sort: str = "stable"
     index_feature: str = "auto"
-    learner: OnlineSGPRConfig = field(default_factory=lambda: OnlineSGPRConfig(oips_rho=0.96))
+    learner: OnlineSGPRConfig = field(default_factory=lambda: OnlineSGPRConfig(oips_rho=UCI_OIPS_RHO))
 
 
 _T1_PAPER = {k: v for d in PAPER_TABLE1 for k, v in _paper(f"{d}_", d).items()}
@@ -535,38 +456,6 @@ def run_vips_table1(config: VIPSTable1Config, ctx: RunContext) -> dict:
                     f"curves_{d}")
     return {"summary": summary, "curves": all_curves,
             "units": "RMSE / NLPD in z-scored target units"}
-
-
-def summarize_checkpoints(run_dir: str, prefix: str = "t1_") -> dict:
-    """Table-1 summary of the (dataset, fold, method) checkpoints a ``vips-table1`` /
-    ``vips-uci`` run folder holds, for a run that was stopped before it finished: per dataset
-    and method the mean (and std) of the final-batch M / RMSE / NLPD over the folds completed,
-    with ``folds`` saying how many."""
-    import glob
-    import re
-
-    from ppl_cl.persist import load_tree
-
-    out: dict = {}
-    for path in sorted(glob.glob(os.path.join(run_dir, "checkpoints", f"{prefix}*.npz"))):
-        m = re.match(rf"{prefix}(.+)_fold(\d+)_(\w+)\.npz$", os.path.basename(path))
-        if not m:
-            continue
-        d, _, method = m.group(1), int(m.group(2)), m.group(3)
-        tree, _ = load_tree(path)
-        out.setdefault(d, {}).setdefault(method, []).append(tree)
-    table: dict = {}
-    for d, methods in out.items():
-        for method, runs in methods.items():
-            row = {"folds": len(runs)}
-            keys = ("rmse", "nlpd") + (("m", "seconds") if method != "exact" else ())
-            for k in keys:
-                vals = np.array([np.ravel(r[k])[-1] if k != "seconds" else np.mean(r[k])
-                                 for r in runs], float)
-                row[k] = float(vals.mean())
-                row[f"{k}_std"] = float(vals.std())
-            table.setdefault(d, {})[method] = row
-    return table
 
 
 def _jsonable(curves: dict) -> dict:

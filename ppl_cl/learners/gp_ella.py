@@ -43,10 +43,10 @@ from ppl_cl.predictive import GaussianPredictive
 
 from ppl_cl.errors import NotFittedError
 
-__all__ = ["GPELLA", "NotFittedError", "ConfigLearner", "TaskStore"]
+__all__ = ["GPELLA", "NotFittedError", "ConfigLearner", "TaskStore", "synchronous_cpu_dispatch"]
 
 
-def _synchronous_cpu_dispatch() -> None:
+def synchronous_cpu_dispatch() -> None:
     """Run JAX CPU computations synchronously (process-wide, like ``enable_x64``).
 
     With asynchronous CPU dispatch, many small computations interleaved with host reads (the
@@ -67,7 +67,7 @@ class ConfigLearner(Learner):
     def __init__(self, config: Any = None, /, **overrides: Any) -> None:
         super().__init__(config, **overrides)
         enable_x64()
-        _synchronous_cpu_dispatch()
+        synchronous_cpu_dispatch()
 
     _check_batch = staticmethod(check_batch)
 

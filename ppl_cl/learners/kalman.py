@@ -102,15 +102,18 @@ def restore_tree(arrays: Any, like: Any, name: str) -> Any:
 # ---------------------------------------------------------------------------------------------
 # the compiled engine of one configuration
 # ---------------------------------------------------------------------------------------------
+#: the config fields that enter only the state or the step-size arguments, not the compiled code
+_STATE_FIELDS = ("seed", "initial_forgetting", "learning_rate", "backbone_scale",
+                 "forgetting_learning_rate", "initial_calibration")
+
+
 def _compile_key(config: Any) -> Any:
     """The fields that shape the compiled functions: the seed and the initial values of gamma
     and alpha only enter the state, and the step sizes are arguments (:func:`_rates`), so a
     search over step sizes compiles once."""
-    drop = {"seed": 0, "initial_forgetting": 1.0, "learning_rate": 0.01, "backbone_scale": 1.0,
-            "forgetting_learning_rate": 0.01}
-    if hasattr(config, "initial_calibration"):
-        drop["initial_calibration"] = 1.0
-    return dataclasses.replace(config, **drop)
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    return dataclasses.replace(config, **{name: defaults[name] for name in _STATE_FIELDS
+                                          if name in defaults})
 
 
 def _rates(config: Any, dtype: Any):
@@ -148,11 +151,10 @@ def _compiled(config: Any, likelihood: str, input_dim: int):
         likelihood=likelihood, learn_forgetting=c.learn_forgetting,
         learning_rate=float(c.forgetting_learning_rate),
         max_delta=math.inf if c.max_delta is None else float(c.max_delta),
-        num_samples=int(getattr(c, "num_samples", 16)),
-        mean_preserving=bool(getattr(c, "mean_preserving", False)),
-        calibrated_forgetting=bool(getattr(c, "calibrated_forgetting", False)))
+        num_samples=int(c.num_samples), mean_preserving=bool(c.mean_preserving),
+        calibrated_forgetting=bool(c.calibrated_forgetting))
     options = FinetuneOptions(
-        fine_tune=c.fine_tune, learn_calibration=bool(getattr(c, "learn_calibration", False)),
+        fine_tune=c.fine_tune, learn_calibration=bool(c.learn_calibration),
         optimizer=c.optimizer, learning_rate=float(c.learning_rate),
         backbone_scale=float(c.backbone_scale), weight_decay=float(c.weight_decay),
         replay_capacity=c.replay_capacity, replay_size=c.replay_size,

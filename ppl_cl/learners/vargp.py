@@ -31,6 +31,7 @@ from models.vargp import (MAX_PLATE_NESTING, HyperPosterior, Hyperparameters, In
 from models.vargp_math import (concat_inducing_inputs, f_marginals, kernel_theta, mc_softmax,
                                task_slices)
 from ppl_cl.batch import Batch, as_numpy
+from ppl_cl.configs import CHECKPOINT_EVERY_S
 from ppl_cl.configs.vargp import VARGPConfig
 from ppl_cl.learner import Learner, check_batch
 from ppl_cl.predictive import CategoricalPredictive
@@ -53,6 +54,16 @@ def check_torch_device(device: str) -> torch.device:
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ValueError(f"device={device!r}: torch sees {torch.cuda.device_count()} GPU(s)")
     return dev
+
+
+def _loop_record(result: Any) -> dict[str, Any]:
+    """What a task's run loop did, for :meth:`VARGP.update`'s record."""
+    return {"epochs": result.epochs, "steps": result.steps, "best_epoch": result.kept_epoch,
+            "best_validation": result.kept_validation, "stopped_early": result.stopped_early,
+            "final_loss": result.epoch_losses[-1], "wall_time_s": result.wall_time_s,
+            "seconds_per_epoch": result.seconds_per_epoch,
+            "epoch_losses": list(result.epoch_losses),
+            "validation": [v for _, v in result.validation]}
 
 
 class VARGP(Learner):
@@ -126,7 +137,7 @@ class VARGP(Learner):
     # -- the protocol --------------------------------------------------------------------------
     def update(self, batch: Batch, validation: Batch | None = None, *,
                snapshot: Callable[[dict[str, Any]], None] | None = None,
-               snapshot_every_s: float = 600.0,
+               snapshot_every_s: float = CHECKPOINT_EVERY_S,
                resume: dict[str, Any] | None = None) -> dict[str, Any]:
         """Train on the next task (Algorithm 1); old tasks' parameters stay frozen.
 
@@ -178,24 +189,10 @@ class VARGP(Learner):
         state = engine.init(seed, x[:B], y[:B])
         validate = None
         if validation is not None and c.stopping != "none":
-            xv, yv = validation.torch(self.device, self.dtype)
-            val_seed = self._seed(3, t)
-
-            def validate(s) -> float:
-                return program.accuracy(engine.constrained(s, x[:B], y[:B]), xv, yv,
-                                        num_theta_samples=c.num_theta_samples,
-                                        num_f_samples=c.num_f_samples,
-                                        generator=torch.Generator().manual_seed(val_seed))
-
-        progress = c.progress if c.progress is not None else progress_enabled()
-        stopping = {"code": NoImprovement(c.patience, c.tolerance),
-                    "algorithm1": Plateau(c.patience, c.tolerance), "none": None}[c.stopping]
-        loop = LoopConfig(batch_size=c.batch_size, max_epochs=c.max_epochs,
-                          validate_every=c.validate_every if c.stopping == "code" else 1,
-                          stopping=stopping, keep="last", seed=seed, progress=bool(progress),
-                          desc=f"VAR-GP task {t}")
+            validate = self._validator(program, engine, validation, self._seed(3, t),
+                                       (x[:B], y[:B]))
         result = run_loop(
-            engine, state, (x, y), loop, validate=validate,
+            engine, state, (x, y), self._loop_config(seed, t), validate=validate,
             snapshot=None if snapshot is None else (
                 lambda ls: snapshot({"task": t, "loop": state_to_tree(ls)})),
             snapshot_every_s=snapshot_every_s,
@@ -207,18 +204,37 @@ class VARGP(Learner):
         self.input_dim = batch.input_dim
         self.num_updates = t
         self.start_lengthscale = start
-        record = {"task": t, "num_data": N, "epochs": result.epochs,
-                  "steps": result.steps, "best_epoch": result.kept_epoch,
-                  "best_validation": result.kept_validation,
-                  "stopped_early": result.stopped_early,
-                  "final_loss": result.epoch_losses[-1], "wall_time_s": result.wall_time_s,
-                  "seconds_per_epoch": result.seconds_per_epoch,
-                  "epoch_losses": list(result.epoch_losses),
-                  "validation": [v for _, v in result.validation]}
-        record.update(_theta_summary(hyper, c.amplitude))
-        record.update(theta_start=c.theta_start, start_lengthscale=start)
+        record = {"task": t, "num_data": N, **_loop_record(result),
+                  **_theta_summary(hyper, c.amplitude), "theta_start": c.theta_start,
+                  "start_lengthscale": start}
         self.history.append(record)
         return record
+
+    def _validator(self, program: Any, engine: SVI, validation: Batch, val_seed: int,
+                   probe: tuple):
+        """``validate(state)``: the accuracy on ``validation`` (early stopping), its Monte
+        Carlo draws seeded by ``val_seed`` at every call; ``probe``: a minibatch ``(x, y)`` the
+        constrained parameters are read with (:meth:`inference.svi.SVI.constrained`)."""
+        c = self.config
+        xv, yv = validation.torch(self.device, self.dtype)
+
+        def validate(s) -> float:
+            return program.accuracy(engine.constrained(s, *probe), xv, yv,
+                                    num_theta_samples=c.num_theta_samples,
+                                    num_f_samples=c.num_f_samples,
+                                    generator=torch.Generator().manual_seed(val_seed))
+        return validate
+
+    def _loop_config(self, seed: int, t: int) -> LoopConfig:
+        """The run loop of task ``t`` (minibatches, epochs, the stopping rule, progress)."""
+        c = self.config
+        progress = c.progress if c.progress is not None else progress_enabled()
+        stopping = {"code": NoImprovement(c.patience, c.tolerance),
+                    "algorithm1": Plateau(c.patience, c.tolerance), "none": None}[c.stopping]
+        return LoopConfig(batch_size=c.batch_size, max_epochs=c.max_epochs,
+                          validate_every=c.validate_every if c.stopping == "code" else 1,
+                          stopping=stopping, keep="last", seed=seed, progress=bool(progress),
+                          desc=f"VAR-GP task {t}")
 
     def predict(self, x: Any, task_id: int | None = None) -> CategoricalPredictive:
         """Posterior predictive (App. A.1): softmax averaged over ``num_predict_samples`` theta

@@ -313,27 +313,27 @@ _PREDICT_ROWS = 256
 
 
 def _padded_state(state):
-    from inference.vips import _bucket, _pad_rows
+    from inference.vips import bucket, pad_rows
 
     M = int(np.shape(state.inducing_inputs)[0])
-    n = _bucket(M)
+    n = bucket(M)
     Sp = np.zeros((n, n))
     Sp[:M, :M] = np.asarray(state.q_cov)
-    return (_pad_rows(state.inducing_inputs, n), _pad_rows(state.q_mean, n), Sp,
+    return (pad_rows(state.inducing_inputs, n), pad_rows(state.q_mean, n), Sp,
             np.arange(n) < M)
 
 
 def _predict_diag(state, xs: np.ndarray, jitter: float) -> tuple[np.ndarray, np.ndarray]:
     import jax.numpy as jnp
 
-    from inference.vips import _pad_rows
+    from inference.vips import pad_rows
 
     Zp, mp, Sp, zm = (jnp.asarray(a) for a in _padded_state(state))
     n = xs.shape[0]
     means, variances = [], []
     for lo in range(0, n, _PREDICT_ROWS):
         chunk = xs[lo:lo + _PREDICT_ROWS]
-        Xs = jnp.asarray(_pad_rows(chunk, _PREDICT_ROWS))
+        Xs = jnp.asarray(pad_rows(chunk, _PREDICT_ROWS))
         mean, var = _predict_jit(state.params, Zp, mp, Sp, Xs, jnp.asarray(jitter), zm)
         means.append(np.asarray(mean)[: chunk.shape[0]])
         variances.append(np.asarray(var)[: chunk.shape[0]])

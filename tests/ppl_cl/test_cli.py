@@ -338,20 +338,20 @@ def test_aggregate_summaries_mean_and_sample_std():
 
 
 def test_report_cells_keep_their_significant_digits():
-    from ppl_cl.experiments.reproduce import _fmt
+    from ppl_cl.experiments.reproduce import format_value
 
-    assert _fmt({"mean": 69.782, "std": 6.0293, "n": 3}) == "69.78 ± 6.0 (n = 3)"
-    assert _fmt({"mean": 44.66, "std": 7.063, "n": 3}) == "44.66 ± 7.1 (n = 3)"
+    assert format_value({"mean": 69.782, "std": 6.0293, "n": 3}) == "69.78 ± 6.0 (n = 3)"
+    assert format_value({"mean": 44.66, "std": 7.063, "n": 3}) == "44.66 ± 7.1 (n = 3)"
     # the same number from every run is not replication: no "± 0"
-    assert _fmt({"mean": 5.0, "std": 0.0, "n": 2}) == "5 (the same in all 2 runs)"
-    assert _fmt({"mean": 1517.0, "std": 96.17, "n": 2}) == "1517 ± 96 (n = 2)"
-    assert _fmt({"mean": 1489.0, "std": 3.01, "n": 3}) == "1489 ± 3.0 (n = 3)"
-    assert _fmt({"mean": 85.1, "std": 0.32, "n": 2}) == "85.10 ± 0.32 (n = 2)"
-    assert _fmt(0.00123456) == "0.001235" and _fmt(3.0) == "3"
-    assert _fmt({"mean": 2792.0, "std": 431.0, "n": 3}) == "2792 ± 430 (n = 3)"
-    assert _fmt({"mean": 12345.6, "std": 99.96, "n": 2}) == "12350 ± 100 (n = 2)"
-    assert _fmt(2792.4) == "2792" and _fmt(99.996) == "100.0"
-    assert _fmt({"mean": 76.34, "std": 0.0, "n": 1}) == "76.34"
+    assert format_value({"mean": 5.0, "std": 0.0, "n": 2}) == "5 (the same in all 2 runs)"
+    assert format_value({"mean": 1517.0, "std": 96.17, "n": 2}) == "1517 ± 96 (n = 2)"
+    assert format_value({"mean": 1489.0, "std": 3.01, "n": 3}) == "1489 ± 3.0 (n = 3)"
+    assert format_value({"mean": 85.1, "std": 0.32, "n": 2}) == "85.10 ± 0.32 (n = 2)"
+    assert format_value(0.00123456) == "0.001235" and format_value(3.0) == "3"
+    assert format_value({"mean": 2792.0, "std": 431.0, "n": 3}) == "2792 ± 430 (n = 3)"
+    assert format_value({"mean": 12345.6, "std": 99.96, "n": 2}) == "12350 ± 100 (n = 2)"
+    assert format_value(2792.4) == "2792" and format_value(99.996) == "100.0"
+    assert format_value({"mean": 76.34, "std": 0.0, "n": 1}) == "76.34"
 
 
 def test_headline_keys_a_run_did_not_measure_are_one_line_not_empty_rows():

@@ -54,29 +54,51 @@ def test_classification_end_to_end(tmp_path, capsys):
     assert "report.md" in capsys.readouterr().err
 
 
-def test_chunk_learner_matches_prequential_loop(tmp_path):
-    """A chunk learner's online accuracy and cumulative log-loss equal those of
-    ppl_cl.protocols.prequential run on the same chunks by an independent loop, and its
-    accuracy matrix equals evaluate_tasks' after each task."""
-    from ppl_cl.data.streams import TaskSplit
-    from ppl_cl.protocols import evaluate_tasks, prequential
+class _LastLabel:
+    """A tiny deterministic learner: before any data it is not fitted (the comparison scores
+    the uniform); after an update it gives probability 0.9 to the last label it was fed."""
 
-    cfg = C.CompareConfig(n_train=15, n_test=10, n_units=2, chunk_size=7)
-    stream = C.build_stream("split-digits", cfg, seed=0)
-    res = C.run_learner("online-sgd", stream, cfg, seed=0)
-    learner = C.LEARNERS["online-sgd"].make(stream, cfg, 0, "cpu")
-    logp, correct, R = [], [], np.full((2, 2), np.nan)
-    tasks = [TaskSplit(u.train, u.test, i, None) for i, u in enumerate(stream.units)]
-    for i, u in enumerate(stream.units):
-        x, y = np.asarray(u.train.x), np.asarray(u.train.y)
-        chunks = [Batch(x[a:a + 7], y[a:a + 7]) for a in range(0, len(y), 7)]
-        r = prequential(learner, chunks)
-        logp.append(r.log_prob)
-        correct.append(r.correct)
-        R[i] = evaluate_tasks(learner, tasks, upto=i)[0]
-    assert res["online_accuracy"] == pytest.approx(np.concatenate(correct).mean())
-    assert res["cum_logloss"] == pytest.approx(-np.concatenate(logp).sum(), rel=1e-6)
-    np.testing.assert_allclose(np.asarray(res["accuracy_matrix"]), R)
+    def __init__(self):
+        self.last = None
+
+    def update(self, batch):
+        self.last = int(np.asarray(batch.y)[-1])
+        return {}
+
+    def predict(self, x, task_id=None):
+        from ppl_cl.errors import NotFittedError
+        from ppl_cl.predictive import CategoricalPredictive
+
+        if self.last is None:
+            raise NotFittedError("no data yet")
+        p = np.full((len(x), 2), 0.1)
+        p[:, self.last] = 0.9
+        return CategoricalPredictive(p)
+
+
+def test_chunk_learner_scores_equal_hand_computed_values(monkeypatch):
+    """Two units of 4 points, chunks of 2, fed to _LastLabel: the accuracy matrix, the online
+    accuracy, the cumulative log-loss and the ECE equal the values worked out by hand."""
+    table = dict(C.COMPARE_LEARNERS)
+    table["last-label"] = C.CompareLearner("exact-gp", "classification", "chunks",
+                                           lambda s, c, seed, dev: _LastLabel(), "last label")
+    monkeypatch.setattr(C, "COMPARE_LEARNERS", table)
+    x = np.zeros((4, 1), np.float32)
+    units = [C.Unit(Batch(x, np.array([0, 0, 0, 0])), Batch(x, np.array([0, 0, 0, 1]))),
+             C.Unit(Batch(x, np.array([1, 1, 1, 1])), Batch(x, np.array([1, 1, 0, 0])))]
+    stream = C.Stream("toy", "classification", units, 2)
+    res = C.run_learner("last-label", stream, C.CompareConfig(chunk_size=2))
+    # after unit 0 it says 0: 3 of task 0's 4 test labels; after unit 1 it says 1: 1 of task
+    # 0's, 2 of task 1's
+    np.testing.assert_array_equal(res["accuracy_matrix"], [[0.75, np.nan], [0.25, 0.5]])
+    assert res["final_avg_accuracy"] == 0.375 and res["forgetting"] == 0.5
+    # prequential: chunk 1 uniform (argmax 0: right), chunk 2 says 0 (right), chunk 3 still
+    # says 0 (wrong), chunk 4 says 1 (right): 6 of 8, log-loss 2 (log 2 + 2 log 1/0.9 + log 10)
+    assert res["online_accuracy"] == 0.75 and res["online_curve"] == [1.0, 0.75]
+    assert res["cum_logloss"] == pytest.approx(2 * (np.log(2) + 2 * np.log(1 / 0.9)
+                                                    + np.log(10)))
+    # the final predictions say 1 at 0.9 on all 8 test points, 3 of them right: one bin
+    assert res["ece"] == pytest.approx(0.9 - 3 / 8)
 
 
 def test_regression_and_multitask(tmp_path):
@@ -152,7 +174,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys, argv, message):
 def test_list(capsys):
     assert main(["compare", "--list"]) == 0
     out = capsys.readouterr().out
-    for name in list(C.STREAMS) + list(C.LEARNERS):
+    for name in list(C.STREAMS) + list(C.COMPARE_LEARNERS):
         assert name in out
 
 

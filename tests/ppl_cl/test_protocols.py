@@ -14,7 +14,7 @@ from ppl_cl.batch import Batch
 from ppl_cl.data import streams as St
 from ppl_cl.metrics import final_average_accuracy, predictive_entropy_matrix
 from ppl_cl.predictive import CategoricalPredictive, GaussianPredictive
-from ppl_cl.protocols import continual_tasks, evaluate_tasks, prequential
+from ppl_cl.protocols import continual_tasks, evaluate_tasks, predict_tasks, prequential
 
 NAN = np.nan
 
@@ -156,6 +156,25 @@ def test_prequential_gaussian_records_squared_error():
     np.testing.assert_allclose(result.log_prob, -0.5 * (np.log(2 * np.pi) + (y - means) ** 2))
     assert result.correct is None
     assert [r["n"] for r in result.records] == [2, 4, 5]
+
+
+def test_prequential_without_scoring_only_learns():
+    y = np.array([1.0, 3.0, 2.0])
+    chunks = St.online_chunks(np.zeros((3, 1)), y, chunk_size=2)
+    learner = RunningMeanRegressor()
+    result = prequential(learner, chunks, score=False)
+    assert result.log_prob.shape == (0,) and result.correct is None and result.sq_error is None
+    assert [r["n"] for r in result.records] == [2, 3] and learner.total == 6.0
+
+
+def test_predict_tasks_returns_the_test_predictives_in_order():
+    learner = _ThresholdLearner()
+    preds = predict_tasks(learner, _tasks(), use_task_id=True)
+    assert learner.task_ids == [0, 1]
+    np.testing.assert_allclose(preds[0].probs[:, 0], [0.9, 0.2])
+    assert len(predict_tasks(learner, _tasks(), upto=0)) == 1 and learner.task_ids[-1] is None
+    with pytest.raises(ValueError, match="upto"):
+        predict_tasks(learner, _tasks(), upto=2)
 
 
 def test_prequential_errors():

@@ -171,18 +171,18 @@ def test_select_prequential_picks_the_best_held_out_log_loss():
 def test_rows_are_built_from_the_learner_config():
     from ppl_cl.configs.kalman import NetworkConfig
     from ppl_cl.experiments import build_config, get
-    from ppl_cl.experiments.kalman import _kalman_row
+    from ppl_cl.experiments.kalman import kalman_row
 
     spec = get("kalman-online-mnist")
     cfg = build_config(spec, overrides={"learner.learning_rate": "0.02",
                                         "learner.replay_capacity": "50",
                                         "nonstationary.transition": "last"})
-    row = _kalman_row(cfg, "nonstationary", "fixed", "replay", 0.999, num_classes=10,
+    row = kalman_row(cfg, "nonstationary", "fixed", "replay", 0.999, num_classes=10,
                       input_dim=784, network=cfg.learner.network, seed=3)
     assert (row.learning_rate, row.replay_capacity, row.transition) == (0.02, 50, "last")
     assert (row.initial_forgetting, row.learn_forgetting, row.fine_tune) == (0.999, False, True)
     assert (row.feature_bias, row.feature_normalization, row.seed) == (True, True, 3)
-    lin = _kalman_row(cfg, "stationary", "learned", "linear", num_classes=10, input_dim=784,
+    lin = kalman_row(cfg, "stationary", "learned", "linear", num_classes=10, input_dim=784,
                       network=cfg.learner.network, seed=0, forgetting_learning_rate=0.5)
     assert (lin.replay_capacity, lin.fine_tune, lin.transition) == (0, False, "last")
     assert (lin.learn_forgetting, lin.forgetting_learning_rate, lin.feature_bias) == \
