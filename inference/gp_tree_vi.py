@@ -231,5 +231,5 @@ class TreeELBOLoss:
 
     def init_nodes(self, num_inducing: dict[str, int], dtype, device) -> dict[str, VIState]:
         """``PGVI.init`` of every node (``num_inducing``: inducing points per node)."""
-        return {name: self.engine.init(tn.num_data, num_inducing[name], dtype, device)
+        return {name: self.engine.init(None, tn.num_data, num_inducing[name], dtype, device)
                 for name, tn in self.tree_nodes.items()}

@@ -123,7 +123,7 @@ def _pg_vi() -> Case:
     K, _ = _gram(5, 3)
     batch = VIBatch(K[:3, :3], K[:3], torch.diagonal(K).clone(), _labels(5, 2).to(D) - 0.5,
                     torch.arange(5), 5)
-    return Case(lambda: PGVI(0.5), lambda e: e.init(5, 3), batch, (None, None), False)
+    return Case(lambda: PGVI(0.5), lambda e: e.init(None, 5, 3), batch, (None, None), False)
 
 
 def _kalman_params():
@@ -237,10 +237,6 @@ CASES: dict[str, Callable[[], Case]] = {
     "inference.vips.OnlineSGPREngine": _online_sgpr,
 }
 
-PGVI_DEFECT = ("inference/pg_vi.py (not edited here): PGVI.init(num_data, num_inducing, ...) "
-               "takes no rng first, and PGVI has no kind attribute")
-
-
 # ---------------------------------------------------------------------------------------------
 # comparing states
 # ---------------------------------------------------------------------------------------------
@@ -339,11 +335,7 @@ def test_step_follows_the_contract(name, cases):
     assert_same(state, before)
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(n, id=n.rsplit(".", 1)[1],
-                 marks=[pytest.mark.xfail(reason=PGVI_DEFECT, strict=True)]
-                 if n == "inference.pg_vi.PGVI" else [])
-    for n in CASES])
+@pytest.mark.parametrize("name", _params())
 def test_init_takes_rng_first_and_kind_is_named(name):
     module, cls_name = name.rsplit(".", 1)
     cls = getattr(importlib.import_module(module), cls_name)
