@@ -83,6 +83,8 @@ class SGDEngine:
         milestones, gamma: as ``torch.optim.lr_scheduler.MultiStepLR`` (epochs of this engine).
     """
 
+    kind = "host"
+
     def __init__(self, loss: Callable[[dict, dict, Any], tuple[Tensor, dict]],
                  trainable: Sequence[str], learning_rate: float, momentum: float = 0.0,
                  weight_decay: float = 0.0, milestones: Sequence[int] = (), gamma: float = 0.1):

@@ -223,6 +223,32 @@ def _online_sgpr() -> Case:
                 ("select_seconds", "fit_seconds"))
 
 
+def _gp_tree_sgd() -> Case:
+    from inference.gp_tree_vi import CrossEntropyLoss, SGDEngine
+
+    g = torch.Generator().manual_seed(9)
+    params = {"backbone.weight": torch.randn(3, 2, generator=g, dtype=D),
+              "backbone.bias": torch.randn(3, generator=g, dtype=D),
+              "head.weight": torch.randn(2, 3, generator=g, dtype=D),
+              "head.bias": torch.zeros(2, dtype=D)}
+    batch = (torch.randn(6, 2, generator=g, dtype=D), _labels(6, 2))
+
+    def make():
+        # the modules give only the structure (functional_call takes every parameter from
+        # the state), so the global generator their construction draws from is left untouched
+        with torch.random.fork_rng(devices=[]):
+            loss = CrossEntropyLoss(torch.nn.Linear(2, 3, dtype=D), torch.nn.Linear(3, 2, dtype=D))
+        return SGDEngine(loss, ["backbone.weight", "backbone.bias", "head.weight"], 0.1,
+                         momentum=0.9, weight_decay=1e-4, milestones=(1, 3), gamma=0.5)
+
+    def init(e):
+        # past the first milestone, with the momentum buffers started
+        s = e.end_epoch(e.init(None, params))
+        return e.step(None, s, batch)[0]
+
+    return Case(make, init, batch, (None, None), False)
+
+
 CASES: dict[str, Callable[[], Case]] = {
     "inference.svi.SVI": _svi,
     "inference.pg_gibbs.PGGibbs": _pg_gibbs,
@@ -235,6 +261,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "inference.type2ml.Type2ML": _type2ml,
     "inference.gp_ella.ELLAEngine": _gp_ella,
     "inference.vips.OnlineSGPREngine": _online_sgpr,
+    "inference.gp_tree_vi.SGDEngine": _gp_tree_sgd,
 }
 
 # ---------------------------------------------------------------------------------------------
