@@ -83,6 +83,8 @@ class SGDEngine:
         milestones, gamma: as ``torch.optim.lr_scheduler.MultiStepLR`` (epochs of this engine).
     """
 
+    kind = "host"
+
     def __init__(self, loss: Callable[[dict, dict, Any], tuple[Tensor, dict]],
                  trainable: Sequence[str], learning_rate: float, momentum: float = 0.0,
                  weight_decay: float = 0.0, milestones: Sequence[int] = (), gamma: float = 0.1):
@@ -231,5 +233,5 @@ class TreeELBOLoss:
 
     def init_nodes(self, num_inducing: dict[str, int], dtype, device) -> dict[str, VIState]:
         """``PGVI.init`` of every node (``num_inducing``: inducing points per node)."""
-        return {name: self.engine.init(tn.num_data, num_inducing[name], dtype, device)
+        return {name: self.engine.init(None, tn.num_data, num_inducing[name], dtype, device)
                 for name, tn in self.tree_nodes.items()}

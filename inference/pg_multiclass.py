@@ -26,6 +26,8 @@ Both engines follow the contract of :mod:`inference.base` (kind ``"host"``): ``i
 problem) -> State`` with ``rng`` an int seed or a torch generator state, and ``step(rng, state,
 problem) -> (State, Info)`` with the generator state carried in ``State`` (``rng=None``
 continues from it; a seed or generator state replaces it), as :class:`inference.pg_gibbs.PGGibbs`.
+``run(problem, num_steps, seed, state, keep)`` is the loop of ``num_steps`` sweeps, as
+:meth:`inference.pg_gibbs.PGGibbs.run`.
 """
 
 from __future__ import annotations
@@ -78,6 +80,24 @@ class MulticlassInfo(NamedTuple):
     """Mean training log-likelihood ``mean_i log p(y_i | f)`` per chain after the sweep."""
 
     log_likelihood: Tensor
+
+
+def _run(engine, problem: MulticlassProblem, num_steps: int, seed, state, keep: bool):
+    """:meth:`LSMGibbs.run` / :meth:`OVEGibbs.run`: ``engine.init(seed, problem)`` unless
+    ``state`` is given, then ``num_steps`` sweeps ``engine.step(None, ...)`` (each continuing
+    from the generator state carried in the state, so the draws are those of the explicit loop);
+    with ``keep`` the stacked ``f`` and ``log_likelihood`` of every sweep."""
+    state = engine.init(seed, problem) if state is None else state
+    trace: dict[str, list[Tensor]] = {"f": [], "log_likelihood": []}
+    info = MulticlassInfo(torch.zeros(state.f.shape[0], dtype=problem.K.dtype,
+                                      device=problem.K.device))
+    for _ in range(num_steps):
+        state, info = engine.step(None, state, problem)
+        if keep:
+            trace["f"].append(state.f)
+            trace["log_likelihood"].append(info.log_likelihood)
+    draws = {k: torch.stack(v) for k, v in trace.items()} if keep and num_steps else None
+    return state, info, draws
 
 
 def _gen(rng, device) -> torch.Generator:
@@ -150,6 +170,18 @@ class LSMGibbs:
         return (LSMState(f, omega, counts, lam, g.get_state(), state.step + 1),
                 MulticlassInfo(lsm_log_likelihood(f, problem.Y)))
 
+    def run(self, problem: MulticlassProblem, num_steps: int, seed: int | Tensor = 0,
+            state: LSMState | None = None, keep: bool = False
+            ) -> tuple[LSMState, MulticlassInfo, dict[str, Tensor] | None]:
+        """``init(seed, problem)`` (unless ``state`` is given) then ``num_steps`` sweeps, as
+        :meth:`inference.pg_gibbs.PGGibbs.run`: the same draws as the loop ``state, info =
+        step(None, state, problem)``. With ``keep`` the draws of every sweep are returned too,
+        ``"f": (num_steps, chains, C, n)`` and ``"log_likelihood": (num_steps, chains)`` (None
+        when ``keep`` is False or ``num_steps`` is 0); ``info`` is the last sweep's (zeros
+        when ``num_steps`` is 0). ``seed``: an int or a generator state (:meth:`init`'s
+        ``rng``)."""
+        return _run(self, problem, num_steps, seed, state, keep)
+
 
 class OVEGibbs:
     """Block Gibbs for the one-vs-each GP classifier (joint draw of all class functions)."""
@@ -213,3 +245,15 @@ class OVEGibbs:
         omega = self._omega(f, Y, g)
         return (OVEState(f, omega, g.get_state(), state.step + 1),
                 MulticlassInfo(ove_log_likelihood(f, Y)))
+
+    def run(self, problem: MulticlassProblem, num_steps: int, seed: int | Tensor = 0,
+            state: OVEState | None = None, keep: bool = False
+            ) -> tuple[OVEState, MulticlassInfo, dict[str, Tensor] | None]:
+        """``init(seed, problem)`` (unless ``state`` is given) then ``num_steps`` sweeps, as
+        :meth:`inference.pg_gibbs.PGGibbs.run`: the same draws as the loop ``state, info =
+        step(None, state, problem)``. With ``keep`` the draws of every sweep are returned too,
+        ``"f": (num_steps, chains, C, n)`` and ``"log_likelihood": (num_steps, chains)`` (None
+        when ``keep`` is False or ``num_steps`` is 0); ``info`` is the last sweep's (zeros
+        when ``num_steps`` is 0). ``seed``: an int or a generator state (:meth:`init`'s
+        ``rng``)."""
+        return _run(self, problem, num_steps, seed, state, keep)

@@ -5,16 +5,17 @@ Per step on a minibatch ``B`` of the node's ``n`` points (Algorithm 1 of the pap
 
 1. ``c_B <- sqrt(E_q f_i^2)`` (eq. 16) under the current ``q(fbar)``;
 2. ``(eta, H) <- (eta, H) + rho ((eta*, H*) - (eta, H))`` with the minibatch fixed point of
-   eq. 17 (``rho`` the natural learning rate; ref 0.1 in FSCIL/cub/trainer.py, 0.05 in App.
-   C.2-C.3 for DKL); ``rho = 1`` on the full batch is exact coordinate ascent;
+   eq. 17 (``rho`` the natural learning rate: 0.05 in App. C.2-C.3, ``natural_lr`` of
+   ``ppl_cl/configs/gp_tree.py``); ``rho = 1`` on the full batch is exact coordinate ascent;
 3. the ELBO (eq. 13) at the new ``(c, eta, H)``, differentiable in the kernel blocks of the
    batch: ``Info.loss = -ELBO / n`` is what the kernel hyperparameters, inducing inputs and a
    backbone descend (App. C.2: "dividing the loss at each node by the total number of training
    samples relevant for that node").
 
-Engine contract: ``init(num_data, num_inducing, ...) -> VIState``; ``step(rng, state, batch)
--> (VIState, VIInfo)``; the step is deterministic (``rng`` unused). ``c`` is held for every
-point of the node (initialized at 1 as in the reference) and updated on the batch indices.
+Engine contract (:mod:`inference.base`, ``kind = "host"``): ``init(rng, num_data,
+num_inducing, ...) -> VIState``; ``step(rng, state, batch) -> (VIState, VIInfo)``; both are
+deterministic (``rng`` unused, ``None`` is fine). ``c`` is held for every point of the node
+(initialized at 1 as in the reference) and updated on the batch indices.
 """
 
 from __future__ import annotations
@@ -66,16 +67,23 @@ class PGVI:
     """Natural-gradient PG-VI engine.
 
     Args:
-        learning_rate: natural-gradient step ``rho`` in (0, 1].
+        learning_rate: natural-gradient step ``rho`` in (0, 1], required: the tuned value is
+            the config's (``natural_lr`` of ``ppl_cl/configs/gp_tree.py``, 0.05 by App.
+            C.2-C.3).
     """
 
-    def __init__(self, learning_rate: float = 0.1):
+    kind = "host"
+
+    def __init__(self, learning_rate: float):
         if not (0.0 < learning_rate <= 1.0):
             raise ValueError(f"learning_rate: expected a value in (0, 1], received {learning_rate!r}")
         self.learning_rate = float(learning_rate)
 
-    def init(self, num_data: int, num_inducing: int, dtype=torch.float64, device=None) -> VIState:
-        """``eta = 0``, ``H = -I/2`` (q(fbar) = N(0, I)) and ``c = 1`` (the reference init)."""
+    def init(self, rng, num_data: int, num_inducing: int, dtype=torch.float64,
+             device=None) -> VIState:
+        """``eta = 0``, ``H = -I/2`` (q(fbar) = N(0, I)) and ``c = 1`` (the reference init);
+        ``rng`` unused (deterministic)."""
+        del rng
         return VIState(torch.zeros(num_inducing, dtype=dtype, device=device),
                        -0.5 * torch.eye(num_inducing, dtype=dtype, device=device),
                        torch.ones(num_data, dtype=dtype, device=device),

@@ -90,14 +90,11 @@ class _MulticlassGibbs(Learner):
                              "every class present)")
         problem = self._problem(X, y)
         engine = self._engine()
-        state = engine.init(self.config.seed * 7919 + self.num_updates, problem)
-        lls, trace = [], []
-        for _ in range(self.config.num_steps):
-            state, info = engine.step(None, state, problem)
-            lls.append(float(info.log_likelihood.mean()))
-            trace.append(state.f)
+        state, _, draws = engine.run(problem, self.config.num_steps,
+                                     seed=self.config.seed * 7919 + self.num_updates, keep=True)
+        lls = [float(ll.mean()) for ll in draws["log_likelihood"]]
         self.X, self.y, self.state = X, y, state
-        self.f_trace = torch.stack(trace)                                  # (steps, ch, C, n)
+        self.f_trace = draws["f"]                                          # (steps, ch, C, n)
         self.num_updates += 1
         self._cache = None
         return {"num_data": int(X.shape[0]), "num_classes": self.num_classes,

@@ -55,7 +55,7 @@ def test_elbo_increases_and_stays_below_log_marginal():
     batch = _full_batch(X, y, params)
     for lr in (1.0, 0.3):
         engine = PGVI(learning_rate=lr)
-        state = engine.init(X.shape[0], X.shape[0])
+        state = engine.init(None, X.shape[0], X.shape[0])
         elbos = [float(PGVI.elbo(state, batch))]
         for _ in range(60):
             state, info = engine.step(None, state, batch)
@@ -75,7 +75,7 @@ def test_wrong_sign_in_the_bound_would_break_the_ordering():
     """Power check: the bound with the opposite labels is far below the true log marginal."""
     X, y, params = _node()
     engine = PGVI(learning_rate=1.0)
-    state = engine.init(8, 8)
+    state = engine.init(None, 8, 8)
     for _ in range(30):
         state, _ = engine.step(None, state, _full_batch(X, y, params))
     wrong = float(PGVI.elbo(state, _full_batch(X, 1 - y, params)))
@@ -87,7 +87,7 @@ def test_vi_with_inducing_equal_data_matches_gibbs_predictive():
     X, y, params = _node(n=10, seed=3)
     Xs = torch.randn(30, 2, dtype=D, generator=torch.Generator().manual_seed(4))
     engine = PGVI(learning_rate=1.0)
-    state = engine.init(10, 10)
+    state = engine.init(None, 10, 10)
     batch = _full_batch(X, y, params)
     for _ in range(100):
         state, _ = engine.step(None, state, batch)
@@ -114,12 +114,12 @@ def test_minibatch_steps_reach_the_full_batch_fixed_point():
     Z = X[::4]
     full = _full_batch(X, y, params, Z)
     exact = PGVI(1.0)
-    s = exact.init(40, Z.shape[0])
+    s = exact.init(None, 40, Z.shape[0])
     for _ in range(100):
         s, _ = exact.step(None, s, full)
     k = node_kernel(params)
     sgd = PGVI(0.05)
-    t = sgd.init(40, Z.shape[0])
+    t = sgd.init(None, 40, Z.shape[0])
     g = torch.Generator().manual_seed(0)
     K_mm = node_gram(params, Z)
     for _ in range(1500):
@@ -156,7 +156,7 @@ def _sparse_problem():
     Z = torch.randn(5, 2, dtype=D, generator=g)
     index = torch.tensor([0, 2, 3, 5, 8, 9, 11])
     engine = PGVI(0.4)
-    state = engine.init(12, 5)
+    state = engine.init(None, 12, 5)
     for _ in range(3):
         state, _ = engine.step(None, state, _batch(X, y, params, Z, index))
     return X, y, params, Z, index, state
@@ -255,6 +255,6 @@ def test_vi_engine_follows_the_engine_contract():
     engine = PGVI(0.5)
     assert isinstance(engine, Engine)
     X, y, params = _node()
-    state = engine.init(8, 8)
+    state = engine.init(None, 8, 8)
     new, info = engine.step(None, state, _full_batch(X, y, params))
     assert is_state(state) and is_state(new)
