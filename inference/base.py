@@ -43,7 +43,7 @@ engines it trains.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, NamedTuple, Protocol, TypeVar, runtime_checkable
+from typing import Any, Iterator, Protocol, TypeVar, runtime_checkable
 
 __all__ = ["Engine", "State", "Info", "KINDS", "is_state", "torch_generator",
            "torch_generator_state", "torch_rng_state", "using_torch_rng"]

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -429,7 +429,8 @@ def _contribution(s: np.ndarray, theta: np.ndarray, H: np.ndarray):
 class ELLAEngine:
     """(GP-)ELLA's online update on ``(theta_hat_t, H_t)`` (module docstring).
 
-    Kind ``"host"`` (NumPy / SciPy). ``init(rng, input_dim) -> ELLAState`` draws ``L ~ N(0, 1)`` (Algorithm 1, first line);
+    Kind ``"host"`` (NumPy / SciPy). ``init(rng, input_dim) -> ELLAState`` draws
+    ``L ~ N(0, 1)`` (Algorithm 1, first line);
     ``step(rng, state, (theta, H, slot)) -> (ELLAState, ELLAInfo)`` codes the task, updates
     the basis and re-draws zero columns with ``rng`` (a JAX PRNG key). Pure: the input state is
     not modified.
@@ -509,7 +510,7 @@ class ELLAEngine:
                 keep = w > 0
                 updated = _TaskUpdatedBasis(A0, T, self.lam, V[:, keep] * np.sqrt(w[keep]))
             Htheta = H @ theta
-            for iterations in range(1, self.max_inner_iterations + 1):
+            for iterations in range(1, self.max_inner_iterations + 1):  # noqa: B007 (read after)
                 s, converged = sparse_code(L, theta, H, self.mu, H_psd=H)
                 b1 = b0 + np.kron(s, Htheta)
                 if updated is None:

@@ -406,8 +406,8 @@ def _shape(x: Any) -> tuple | None:
 def _from_tree(node: Any, like: Any, where: str, convert: Callable[[Any, Any], Any]) -> Any:
     if isinstance(like, tuple) and hasattr(like, "_fields"):
         if not isinstance(node, dict) or set(node) != set(like._fields):
-            raise ValueError(f"resume: {where} has fields {sorted(node) if isinstance(node, dict) else type(node).__name__}, "
-                             f"expected {list(like._fields)}")
+            got = sorted(node) if isinstance(node, dict) else type(node).__name__
+            raise ValueError(f"resume: {where} has fields {got}, expected {list(like._fields)}")
         return type(like)(*(_from_tree(node[f], getattr(like, f), f"{where}.{f}", convert)
                             for f in like._fields))
     if isinstance(like, dict):
@@ -418,8 +418,8 @@ def _from_tree(node: Any, like: Any, where: str, convert: Callable[[Any, Any], A
         return {k: _from_tree(node[k], like[k], f"{where}.{k}", convert) for k in like}
     if isinstance(like, (list, tuple)):
         if not isinstance(node, (list, tuple)) or len(node) != len(like):
-            raise ValueError(f"resume: {where} has {len(node) if isinstance(node, (list, tuple)) else node!r} "
-                             f"entries, expected {len(like)}")
+            got = len(node) if isinstance(node, (list, tuple)) else repr(node)
+            raise ValueError(f"resume: {where} has {got} entries, expected {len(like)}")
         return type(like)(_from_tree(n, l, f"{where}[{i}]", convert)
                           for i, (n, l) in enumerate(zip(node, like)))
     if _shape(like) is not None:

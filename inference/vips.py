@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import math
 import time
-from functools import partial
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax

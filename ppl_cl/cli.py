@@ -431,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     passes it on to its live runs first. The previous handler is restored on return."""
     args = build_parser().parse_args(argv)
     handlers = {"list": _cmd_list, "run": _cmd_run, "reproduce": _cmd_reproduce,
-                "report": _cmd_report, "tables": _cmd_tables, "compare": _cmd_compare, "sweep": _cmd_sweep, "data": _cmd_data}
+                "report": _cmd_report, "tables": _cmd_tables, "compare": _cmd_compare,
+                "sweep": _cmd_sweep, "data": _cmd_data}
     running = args.cmd in ("run", "reproduce", "compare")
     catch = (running or args.cmd == "sweep") and \
         threading.current_thread() is threading.main_thread()

@@ -19,8 +19,9 @@ The protocol (the same for every learner of a stream's kind):
   before the learner has seen it (the unit, or the chunk, is predicted before its update);
   this gives the average online accuracy and the cumulative log-loss (classification) and
   the online NLPD (regression; not on the multi-task streams, where every unit is a task
-  the task-aware learners have no predictive for before its data). A learner that cannot predict before any data (GP-Tree
-  builds its tree from the first classes) scores its first unit with the uniform
+  the task-aware learners have no predictive for before its data). A learner that cannot
+  predict before any data (GP-Tree builds its tree from the first classes) scores its first
+  unit with the uniform
   distribution, and a learner whose predictive covers only the classes it has seen is mixed
   with :data:`SMOOTHING` of the uniform over all classes for these scores (an unseen class
   costs log(K / 0.001) nats, not infinity);

@@ -261,7 +261,7 @@ def tune_ella(sub: list, base, ks: list[int], exps: tuple) -> dict[str, Any]:
 
 
 def _build(method: str, config: GPELLAProtocolConfig, tuned: dict, seed: int):
-    from ppl_cl.configs.gp_ella import (IndividualGPConfig, LinearELLAConfig, MultiTaskGPConfig,
+    from ppl_cl.configs.gp_ella import (LinearELLAConfig, MultiTaskGPConfig,
                                         SharedGPConfig)
     from ppl_cl.learners.gp_ella import GPELLA
     from ppl_cl.learners.gp_ella_baselines import IndividualGPs, LinearELLA, MultiTaskGP, SharedGP

@@ -698,7 +698,7 @@ def run_gptree_fscil(config: GPTreeFSCILConfig, ctx: RunContext) -> dict:
         groups = _session_groups(sessions)
         lc = config.learner.replace(seed=seed, device=ctx.device)
         base = GPTree(lc)
-        base.update(sessions[0].train, on_epoch=lambda phase, e, loss, run=run: ctx.log(
+        base.update(sessions[0].train, on_epoch=lambda phase, e, loss, run=run, lc=lc: ctx.log(
             f"run {run} base session: epoch {e}/{lc.epochs} ({phase}), loss {loss:.4f}"))
         base_state = base.state_dict()
         for v in config.variants:

@@ -693,7 +693,7 @@ def run_vips_magnetic(config: VIPSMagneticConfig, ctx: RunContext) -> dict:
     field(axes[0], gp, f"paths {config.paths} in sequence (VIPS), M = {ms[-1]}",
           [x for x, _ in paths.values()])
     # experiment 2: one path streamed
-    for k, (policy, ax) in enumerate((("vips", axes[1]), ("cv", axes[2]))):
+    for policy, ax in (("vips", axes[1]), ("cv", axes[2])):
         lc = dataclasses.replace(config.learner, policy=policy, cv_eta=config.cv_eta)
         model = OnlineSGPR(lc)
         m_curve = []

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from inference.pg_gibbs import PGGibbs, pad_problems
-from inference.pg_vi import PGVI, VIBatch, VIState
+from inference.pg_vi import PGVI, VIBatch
 from models.gp_tree import (NaturalParams, NodeKernelParams, gibbs_predictive, natural_to_moments,
                             node_gram, node_kernel, sigmoid_expectation, vi_predictive)
 from models.linalg_torch import jitter_cholesky

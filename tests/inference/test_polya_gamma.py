@@ -166,7 +166,7 @@ def test_polyagamma_cdf_is_the_integral_of_the_density():
 
     for z in BRANCH_Z:
         d = PolyaGamma(torch.tensor(z, dtype=torch.float64))
-        dens = lambda w: math.exp(float(d.log_prob(torch.tensor(w, dtype=torch.float64))))
+        dens = lambda w, d=d: math.exp(float(d.log_prob(torch.tensor(w, dtype=torch.float64))))
         quad = integrate.quad(dens, 1e-12, TRUNCATION / 4, limit=200)[0]
         assert float(polyagamma_cdf(TRUNCATION / 4, h=1, z=z)) == pytest.approx(quad, abs=1e-10)
 
@@ -203,7 +203,7 @@ def test_truncated_inverse_gaussian_against_its_cdf(dtype):
         law = stats.levy() if c == 0 else stats.invgauss(1.0 / c)
         Ft = law.cdf(TRUNCATION)
         assert x.max() <= TRUNCATION and x.min() > 0
-        pvalues[c] = stats.kstest(x, lambda v: law.cdf(v) / Ft).pvalue
+        pvalues[c] = stats.kstest(x, lambda v, law=law, Ft=Ft: law.cdf(v) / Ft).pvalue
     assert min(pvalues.values()) > 1e-3 / len(cells), pvalues
 
 

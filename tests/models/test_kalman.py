@@ -10,7 +10,6 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 import scipy.stats
 from numpyro import handlers
 from numpyro.infer import Predictive

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
 from scipy.stats import norm
 
-from ppl_cl.batch import Batch
 from ppl_cl.metrics import (
     average_accuracy,
     average_log_predictive,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ppl_cl.batch import Batch
 from ppl_cl.data import streams as St
 
 

@@ -58,7 +58,7 @@ def test_protocol_split_centres_each_task_and_halves_it():
     rng = np.random.default_rng(0)
     tasks = [(rng.normal(size=(11, 3)) * [1, 10, 100], rng.normal(size=11) + 5) for _ in range(3)]
     out = split_and_center(tasks, np.random.default_rng(1))
-    for (xt, yt, xs, ys), (x, _) in zip(out, tasks):
+    for (xt, yt, _xs, ys), (_x, _) in zip(out, tasks):
         assert len(yt) == 5 and len(ys) == 6
         np.testing.assert_allclose(xt.mean(axis=0), 0, atol=1e-12)
         assert abs(yt.mean()) < 1e-12

@@ -6,8 +6,6 @@ test_online_sgd.py; the experiments: tests/ppl_cl/experiments/test_kalman.py."""
 
 from __future__ import annotations
 
-import json
-import pickle
 import subprocess
 import sys
 
@@ -18,7 +16,6 @@ from ppl_cl import Batch
 from ppl_cl.configs import ConfigError
 from ppl_cl.configs.kalman import KalmanConfig, NetworkConfig
 from ppl_cl.data.streams import online_chunks
-from ppl_cl.errors import NotFittedError
 from ppl_cl.learners import load_learner
 from ppl_cl.learners.kalman import KalmanClassifier, KalmanRegressor
 from ppl_cl.protocols import prequential

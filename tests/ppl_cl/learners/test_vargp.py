@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 
 import numpy as np
 import pytest
 import torch
 
-from ppl_cl.batch import Batch, Task
+from ppl_cl.batch import Task
 from ppl_cl.configs import from_dict, to_dict
 from ppl_cl.data.synthetic import four_blobs
 from ppl_cl.learners import learner_class, load_learner
