@@ -123,7 +123,23 @@ def ove_log_likelihood(f: Tensor, Y: Tensor) -> Tensor:
     return terms.sum(-2).mean(-1)
 
 
-class LSMGibbs:
+class _Runs:
+    """``run`` of the multiclass Gibbs engines (:class:`LSMGibbs`, :class:`OVEGibbs`)."""
+
+    def run(self, problem: MulticlassProblem, num_steps: int, seed: int | Tensor = 0,
+            state: LSMState | OVEState | None = None, keep: bool = False
+            ) -> tuple[LSMState | OVEState, MulticlassInfo, dict[str, Tensor] | None]:
+        """``init(seed, problem)`` (unless ``state`` is given) then ``num_steps`` sweeps, as
+        :meth:`inference.pg_gibbs.PGGibbs.run`: the same draws as the loop ``state, info =
+        step(None, state, problem)``. With ``keep`` the draws of every sweep are returned too,
+        ``"f": (num_steps, chains, C, n)`` and ``"log_likelihood": (num_steps, chains)`` (None
+        when ``keep`` is False or ``num_steps`` is 0); ``info`` is the last sweep's (zeros
+        when ``num_steps`` is 0). ``seed``: an int or a generator state (:meth:`init`'s
+        ``rng``)."""
+        return _run(self, problem, num_steps, seed, state, keep)
+
+
+class LSMGibbs(_Runs):
     """Block Gibbs for the logistic-softmax GP classifier (``num_chains`` parallel chains)."""
 
     kind = "host"
@@ -170,20 +186,8 @@ class LSMGibbs:
         return (LSMState(f, omega, counts, lam, g.get_state(), state.step + 1),
                 MulticlassInfo(lsm_log_likelihood(f, problem.Y)))
 
-    def run(self, problem: MulticlassProblem, num_steps: int, seed: int | Tensor = 0,
-            state: LSMState | None = None, keep: bool = False
-            ) -> tuple[LSMState, MulticlassInfo, dict[str, Tensor] | None]:
-        """``init(seed, problem)`` (unless ``state`` is given) then ``num_steps`` sweeps, as
-        :meth:`inference.pg_gibbs.PGGibbs.run`: the same draws as the loop ``state, info =
-        step(None, state, problem)``. With ``keep`` the draws of every sweep are returned too,
-        ``"f": (num_steps, chains, C, n)`` and ``"log_likelihood": (num_steps, chains)`` (None
-        when ``keep`` is False or ``num_steps`` is 0); ``info`` is the last sweep's (zeros
-        when ``num_steps`` is 0). ``seed``: an int or a generator state (:meth:`init`'s
-        ``rng``)."""
-        return _run(self, problem, num_steps, seed, state, keep)
 
-
-class OVEGibbs:
+class OVEGibbs(_Runs):
     """Block Gibbs for the one-vs-each GP classifier (joint draw of all class functions)."""
 
     kind = "host"
@@ -245,15 +249,3 @@ class OVEGibbs:
         omega = self._omega(f, Y, g)
         return (OVEState(f, omega, g.get_state(), state.step + 1),
                 MulticlassInfo(ove_log_likelihood(f, Y)))
-
-    def run(self, problem: MulticlassProblem, num_steps: int, seed: int | Tensor = 0,
-            state: OVEState | None = None, keep: bool = False
-            ) -> tuple[OVEState, MulticlassInfo, dict[str, Tensor] | None]:
-        """``init(seed, problem)`` (unless ``state`` is given) then ``num_steps`` sweeps, as
-        :meth:`inference.pg_gibbs.PGGibbs.run`: the same draws as the loop ``state, info =
-        step(None, state, problem)``. With ``keep`` the draws of every sweep are returned too,
-        ``"f": (num_steps, chains, C, n)`` and ``"log_likelihood": (num_steps, chains)`` (None
-        when ``keep`` is False or ``num_steps`` is 0); ``info`` is the last sweep's (zeros
-        when ``num_steps`` is 0). ``seed``: an int or a generator state (:meth:`init`'s
-        ``rng``)."""
-        return _run(self, problem, num_steps, seed, state, keep)
