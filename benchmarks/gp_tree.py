@@ -94,13 +94,13 @@ def _cpu_name() -> str:
 def _letter_node_z(num: int) -> np.ndarray:
     """z of a real node: the chains' f at the root of GP-Tree on 10 letter classes."""
     from ppl_cl import Batch
-    from ppl_cl.experiments.gp_tree import _class_subset, letter_split
+    from ppl_cl.experiments.gp_tree import class_subset, letter_split
     from ppl_cl.learners.gp_tree import GPTree
 
     xtr, ytr, xte, yte = letter_split()
     rng = np.random.default_rng(0)
     classes = np.sort(rng.choice(26, 10, replace=False))
-    xs, ys, _, _ = _class_subset(xtr, ytr, xte, yte, classes, 30, 10, rng)
+    xs, ys, _, _ = class_subset(xtr, ytr, xte, yte, classes, 30, 10, rng)
     gp = GPTree(num_chains=30, num_steps=10)
     gp.update(Batch(xs, ys))
     f = gp.nodes[gp.tree.root]["f_trace"].reshape(-1).numpy()

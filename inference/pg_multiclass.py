@@ -39,7 +39,7 @@ from torch import Tensor
 
 from inference.base import torch_generator, torch_rng_state
 from inference.pg_gibbs import Workspace
-from inference.polya_gamma import _random_pg_counts, random_polyagamma
+from inference.polya_gamma import random_pg_counts, random_polyagamma
 from models.linalg_torch import jitter_cholesky
 
 __all__ = ["MulticlassProblem", "LSMState", "OVEState", "MulticlassInfo", "LSMGibbs", "OVEGibbs"]
@@ -157,7 +157,7 @@ class LSMGibbs(_Runs):
         lam = -torch.log(u.clamp_min(torch.finfo(f.dtype).tiny)) / sig.sum(-2)   # Exp(sum sigma)
         counts = torch.poisson(lam.unsqueeze(-2) * (1.0 - sig), generator=g)
         b = (Y.T.unsqueeze(0) + counts).round().to(torch.int64)
-        omega = _random_pg_counts(b, f, g)
+        omega = random_pg_counts(b, f, g)
         return lam, counts, omega
 
     def init(self, rng: int | Tensor, problem: MulticlassProblem) -> LSMState:

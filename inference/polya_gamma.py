@@ -56,7 +56,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["random_polyagamma", "random_polyagamma_reference", "polyagamma_mean",
+__all__ = ["random_polyagamma", "random_pg_counts", "random_polyagamma_reference", "polyagamma_mean",
            "polyagamma_variance", "TRUNCATION", "REFERENCE_METHOD_SWITCH"]
 
 TRUNCATION = 0.64
@@ -344,10 +344,10 @@ def random_polyagamma(b, z: Tensor, generator: torch.Generator | None = None, *,
             raise ValueError("z: expected finite tilting parameters, received NaN or inf")
     else:
         b_int, b_t = (int(b), None) if isinstance(b, (int, np.integer)) else (None, torch.as_tensor(b))
-    return _random_pg_counts(b_int if b_t is None else b_t, z, generator)
+    return random_pg_counts(b_int if b_t is None else b_t, z, generator)
 
 
-def _random_pg_counts(b, z: Tensor, generator) -> Tensor:
+def random_pg_counts(b, z: Tensor, generator) -> Tensor:
     """``PG(b, z)`` for integer ``b >= 0`` (``PG(0, z) = 0``), no checks. Used by samplers whose
     shape parameters are counts that may be zero (the logistic-softmax baseline)."""
     c = 0.5 * z.abs()

@@ -58,7 +58,7 @@ def cub_split(data_dir=None):
             cub.features[test].astype(np.float64), cub.labels[test])
 
 
-def _class_subset(xtr, ytr, xte, yte, classes, train_per_class, test_per_class, rng):
+def class_subset(xtr, ytr, xte, yte, classes, train_per_class, test_per_class, rng):
     def draw(y, per_class):
         idx = []
         for c in classes:
@@ -375,7 +375,7 @@ def run_gptree_classes(config: GPTreeClassesConfig, ctx: RunContext) -> dict:
         # the first seed's draw of posterior_C classes, as the loop above drew it
         rng = np.random.default_rng(1000 * ctx.seed + posterior_C)
         classes = np.sort(rng.choice(available, posterior_C, replace=False))
-        data = _class_subset(xtr, ytr, xte, yte, classes, config.train_per_class,
+        data = class_subset(xtr, ytr, xte, yte, classes, config.train_per_class,
                              config.test_per_class, rng)
         posteriors = write_posteriors(config, ctx, data, posterior_C)
     ctx.savefig(classes_figure(results, config.class_counts, labels), "accuracy_vs_classes")
@@ -409,7 +409,7 @@ def _classes_seed(config: GPTreeClassesConfig, ctx: RunContext, seed: int, split
                              f"{available.size}")
         rng = np.random.default_rng(1000 * (ctx.seed + seed) + C)
         classes = np.sort(rng.choice(available, C, replace=False))
-        data = _class_subset(xtr, ytr, xte, yte, classes, config.train_per_class,
+        data = class_subset(xtr, ytr, xte, yte, classes, config.train_per_class,
                              config.test_per_class, rng)
         if config.grid:
             data = data[:2] + _validation_split(data[2], data[3], config.val_fraction, rng)

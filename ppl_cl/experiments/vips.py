@@ -636,28 +636,31 @@ class VIPSMagneticConfig:
 @register("vips-magnetic", VIPSMagneticConfig,
           quick={"paths": (1, 2), "stream_batches": 4, "subsample": 400, "grid": 25},
           description="Fig. 4: magnetic-field map learned path by path, and one path streamed")
+def _magnetic_path(run, subsample: int, data_dir, rng: np.random.Generator):
+    """Locations and field norms of one magnetic-field path, ``subsample`` rows kept in their
+    order (0: all), drawn with ``rng``."""
+    from ppl_cl.data.loaders import load_magnetic
+
+    r = load_magnetic(run, data_dir)
+    x, y = r.loc, r.norm
+    if subsample and x.shape[0] > subsample:
+        idx = np.sort(rng.choice(x.shape[0], subsample, replace=False))
+        x, y = x[idx], y[idx]
+    return x, y
+
+
 def run_vips_magnetic(config: VIPSMagneticConfig, ctx: RunContext) -> dict:
     """Fig. 4: the field map after the paths learned in sequence and after streaming one path."""
     import matplotlib.pyplot as plt
 
     from ppl_cl import Batch
-    from ppl_cl.data.loaders import load_magnetic
     from ppl_cl.learners.vips import OnlineSGPR
     from ppl_cl.metrics import nlpd_predictive, rmse
 
     enable_compilation_cache()
     rng = np.random.default_rng(ctx.seed)
-
-    def take(run):
-        r = load_magnetic(run, ctx.data_dir)
-        x, y = r.loc, r.norm
-        if config.subsample and x.shape[0] > config.subsample:
-            idx = np.sort(rng.choice(x.shape[0], config.subsample, replace=False))
-            x, y = x[idx], y[idx]
-        return x, y
-
-    paths = {p: take(p) for p in config.paths}
-    xs, ys = take(config.stream_path)
+    paths = {p: _magnetic_path(p, config.subsample, ctx.data_dir, rng) for p in config.paths}
+    xs, ys = _magnetic_path(config.stream_path, config.subsample, ctx.data_dir, rng)
     summary: dict = {}
     # experiment 1: one path per batch
     gp = OnlineSGPR(config.learner)

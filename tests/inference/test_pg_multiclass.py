@@ -91,14 +91,14 @@ class _LSMPoissonSignSlip(LSMGibbs):
     ``Poisson(lambda sigma(-f))`` (a sign slip in Galy-Fajou et al.'s eq. for the counts)."""
 
     def _augment(self, f, Y, g):
-        from inference.polya_gamma import _random_pg_counts
+        from inference.polya_gamma import random_pg_counts
 
         sig = torch.sigmoid(f)
         u = torch.rand(f.shape[0], f.shape[-1], dtype=f.dtype, generator=g)
         lam = -torch.log(u.clamp_min(torch.finfo(f.dtype).tiny)) / sig.sum(-2)
         counts = torch.poisson(lam.unsqueeze(-2) * sig, generator=g)
         b = (Y.T.unsqueeze(0) + counts).round().to(torch.int64)
-        return lam, counts, _random_pg_counts(b, f, g)
+        return lam, counts, random_pg_counts(b, f, g)
 
 
 class _OVEUntilted(OVEGibbs):
