@@ -633,9 +633,6 @@ class VIPSMagneticConfig:
         default_factory=lambda: OnlineSGPRConfig(kernel="constant+matern52"))
 
 
-@register("vips-magnetic", VIPSMagneticConfig,
-          quick={"paths": (1, 2), "stream_batches": 4, "subsample": 400, "grid": 25},
-          description="Fig. 4: magnetic-field map learned path by path, and one path streamed")
 def _magnetic_path(run, subsample: int, data_dir, rng: np.random.Generator):
     """Locations and field norms of one magnetic-field path, ``subsample`` rows kept in their
     order (0: all), drawn with ``rng``."""
@@ -649,6 +646,9 @@ def _magnetic_path(run, subsample: int, data_dir, rng: np.random.Generator):
     return x, y
 
 
+@register("vips-magnetic", VIPSMagneticConfig,
+          quick={"paths": (1, 2), "stream_batches": 4, "subsample": 400, "grid": 25},
+          description="Fig. 4: magnetic-field map learned path by path, and one path streamed")
 def run_vips_magnetic(config: VIPSMagneticConfig, ctx: RunContext) -> dict:
     """Fig. 4: the field map after the paths learned in sequence and after streaming one path."""
     import matplotlib.pyplot as plt
