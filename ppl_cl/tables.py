@@ -247,16 +247,31 @@ def vargp_toy(results: Results) -> str:
 
 def vargp_speed(results: Results) -> str:
     """``benchmarks/vargp.py``: seconds per ELBO step at task t beside one task of the same
-    total M (a plain SVGP of the same code), and seconds per epoch."""
+    total M (a plain SVGP of the same code), seconds per epoch, the step's FLOPs and the share
+    of the machine's matrix-product rate it reaches."""
     rows = []
     for t in range(1, 6):
         base = f"runs.cpu.per_task.{t}"
         rows.append([f"{t} ({60 * t})", Bench("vargp", f"{base}.vargp_step_s", 3),
                      Bench("vargp", f"{base}.own_svgp_step_s", 3),
                      Bench("vargp", f"{base}.ratio_ar_vs_own_svgp", 2),
-                     Bench("vargp", f"{base}.vargp_epoch_s", 2)])
+                     Bench("vargp", f"{base}.vargp_epoch_s", 2),
+                     Bench("vargp", f"{base}.flops_per_step.total", 1, 1e-9),
+                     Bench("vargp", f"{base}.fraction_of_matmul_rate", 0, 100.0)])
     return table(["t (M total)", "VAR-GP s / step", "plain SVGP s / step", "ratio",
-                  "VAR-GP s / epoch"], rows, results)
+                  "VAR-GP s / epoch", "GFLOP / step", "% of matmul rate"], rows, results)
+
+
+def vargp_experiment_epoch(results: Results) -> str:
+    """``benchmarks/vargp.py``: task 1 of the Split MNIST experiment (its stream, validation
+    and loop) per epoch against its training steps alone (target at most 1.2)."""
+    base = "runs.cpu.experiment_task1"
+    return table(["epochs timed", "experiment s / epoch", "its steps alone s / epoch", "ratio",
+                  "matmul GFLOP/s"],
+                 [[Bench("vargp", f"{base}.epochs", 0), Bench("vargp", f"{base}.seconds_per_epoch", 2),
+                   Bench("vargp", f"{base}.steps_alone_per_epoch_s", 2),
+                   Bench("vargp", f"{base}.ratio_to_steps_alone", 2),
+                   Bench("vargp", "runs.cpu.matmul_flops_per_s", 1, 1e-9)]], results)
 
 
 _GPTREE_METHODS = (("gptree", "GP-Tree"), ("sbm", "SBM-GP"), ("lsm", "LSM"), ("ove", "OVE"),
@@ -800,6 +815,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "vargp-small": vargp_small,
     "vargp-toy": vargp_toy,
     "vargp-speed": vargp_speed,
+    "vargp-experiment-epoch": vargp_experiment_epoch,
 }
 
 
