@@ -45,7 +45,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator, Protocol, TypeVar, runtime_checkable
 
-__all__ = ["Engine", "State", "Info", "KINDS", "is_state", "torch_generator",
+__all__ = ["Engine", "State", "Info", "KINDS", "is_state", "run_sweeps", "torch_generator",
            "torch_generator_state", "torch_rng_state", "using_torch_rng"]
 
 State = TypeVar("State", bound=tuple)
@@ -95,6 +95,34 @@ def is_state(tree: Any) -> bool:
         return _is_leaf(node)
 
     return ok(tuple(tree))
+
+
+def run_sweeps(engine: Any, problem: Any, num_steps: int, rng: Any, state: Any, keep: bool,
+               state_fields: tuple[str, ...], empty_info: Any) -> tuple[Any, Any, dict | None]:
+    """The sweep loop of the host samplers (``PGGibbs.run`` in ``inference/pg_gibbs.py``,
+    ``LSMGibbs.run`` / ``OVEGibbs.run`` in ``inference/pg_multiclass.py``):
+    ``engine.init(rng, problem)`` unless ``state`` is given, then ``num_steps`` sweeps
+    ``state, info = engine.step(None, state, problem)``, each continuing from the generator
+    state carried in the state (so the draws are those of the explicit loop).
+
+    Returns ``(state, info, draws)``: ``info`` is the last sweep's (``empty_info`` when
+    ``num_steps`` is 0); with ``keep``, ``draws`` stacks along a new first axis of length
+    ``num_steps`` the fields ``state_fields`` of every sweep's state and every field of its
+    Info (None when ``keep`` is False or ``num_steps`` is 0)."""
+    import torch
+
+    state = engine.init(rng, problem) if state is None else state
+    info = empty_info
+    trace: dict[str, list] = {k: [] for k in (*state_fields, *empty_info._fields)}
+    for _ in range(num_steps):
+        state, info = engine.step(None, state, problem)
+        if keep:
+            for k in state_fields:
+                trace[k].append(getattr(state, k))
+            for k in info._fields:
+                trace[k].append(getattr(info, k))
+    draws = {k: torch.stack(v) for k, v in trace.items()} if keep and num_steps else None
+    return state, info, draws
 
 
 # ---------------------------------------------------------------------------------------------

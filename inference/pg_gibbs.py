@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from inference.base import torch_generator, torch_rng_state
+from inference.base import run_sweeps, torch_generator, torch_rng_state
 from inference.polya_gamma import random_polyagamma, random_polyagamma_reference
 from models.gp_tree import sample_f_given_omega
 
@@ -193,15 +193,6 @@ class PGGibbs:
         ``keep`` the draws of every sweep, ``{"f", "omega"}: (num_steps, G, C, n)``, and the
         sweeps' augmented log marginals, ``"log_marginal": (num_steps, G, C)``, are returned
         too. ``seed``: an int or a generator state (:meth:`init`'s ``rng``)."""
-        state = self.init(seed, problem) if state is None else state
-        trace: dict[str, list[Tensor]] = {"f": [], "omega": [], "log_marginal": []}
-        info = GibbsInfo(torch.zeros(problem.kappa.shape[0], self.num_chains,
-                                     dtype=problem.L.dtype, device=problem.L.device))
-        for _ in range(num_steps):
-            state, info = self.step(None, state, problem)
-            if keep:
-                trace["f"].append(state.f)
-                trace["omega"].append(state.omega)
-                trace["log_marginal"].append(info.log_marginal)
-        draws = {k: torch.stack(v) for k, v in trace.items()} if keep and num_steps else None
-        return state, info, draws
+        empty = GibbsInfo(torch.zeros(problem.kappa.shape[0], self.num_chains,
+                                      dtype=problem.L.dtype, device=problem.L.device))
+        return run_sweeps(self, problem, num_steps, seed, state, keep, ("f", "omega"), empty)

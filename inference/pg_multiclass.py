@@ -37,7 +37,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from inference.base import torch_generator, torch_rng_state
+from inference.base import run_sweeps, torch_generator, torch_rng_state
 from inference.pg_gibbs import Workspace
 from inference.polya_gamma import random_pg_counts, random_polyagamma
 from models.linalg_torch import jitter_cholesky
@@ -82,24 +82,6 @@ class MulticlassInfo(NamedTuple):
     log_likelihood: Tensor
 
 
-def _run(engine, problem: MulticlassProblem, num_steps: int, seed, state, keep: bool):
-    """:meth:`LSMGibbs.run` / :meth:`OVEGibbs.run`: ``engine.init(seed, problem)`` unless
-    ``state`` is given, then ``num_steps`` sweeps ``engine.step(None, ...)`` (each continuing
-    from the generator state carried in the state, so the draws are those of the explicit loop);
-    with ``keep`` the stacked ``f`` and ``log_likelihood`` of every sweep."""
-    state = engine.init(seed, problem) if state is None else state
-    trace: dict[str, list[Tensor]] = {"f": [], "log_likelihood": []}
-    info = MulticlassInfo(torch.zeros(state.f.shape[0], dtype=problem.K.dtype,
-                                      device=problem.K.device))
-    for _ in range(num_steps):
-        state, info = engine.step(None, state, problem)
-        if keep:
-            trace["f"].append(state.f)
-            trace["log_likelihood"].append(info.log_likelihood)
-    draws = {k: torch.stack(v) for k, v in trace.items()} if keep and num_steps else None
-    return state, info, draws
-
-
 def _gen(rng, device) -> torch.Generator:
     """A private generator on ``device`` from ``rng`` (an int seed or a generator state)."""
     return torch_generator(torch_rng_state(rng, device), device)
@@ -136,7 +118,9 @@ class _Runs:
         when ``keep`` is False or ``num_steps`` is 0); ``info`` is the last sweep's (zeros
         when ``num_steps`` is 0). ``seed``: an int or a generator state (:meth:`init`'s
         ``rng``)."""
-        return _run(self, problem, num_steps, seed, state, keep)
+        empty = MulticlassInfo(torch.zeros(self.num_chains, dtype=problem.K.dtype,
+                                           device=problem.K.device))
+        return run_sweeps(self, problem, num_steps, seed, state, keep, ("f",), empty)
 
 
 class LSMGibbs(_Runs):
@@ -144,7 +128,7 @@ class LSMGibbs(_Runs):
 
     kind = "host"
 
-    def __init__(self, num_chains: int = 20):
+    def __init__(self, num_chains: int):
         if not isinstance(num_chains, int) or num_chains < 1:
             raise ValueError(f"num_chains: expected an int >= 1, received {num_chains!r}")
         self.num_chains = num_chains

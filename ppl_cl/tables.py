@@ -295,13 +295,18 @@ _VIPS_DATASETS = ("concrete", "skillcraft", "kin8nm", "elevators", "bike")
 
 
 def vips_fig2a(results: Results) -> str:
-    """``vips-speed-accuracy`` (Fig. 2a): VIPS's M and RMSE after each batch, ours (full) /
-    ours (quick) / the paper (read off the figure)."""
-    fig = "vips-speed-accuracy"
+    """``vips-speed-accuracy`` (Fig. 2a): VIPS's M and RMSE after each batch, and
+    ``exact-gp-synthetic``'s exact GP refitted on the batches seen: ours (full) / ours (quick)
+    / the paper (read off the figure)."""
+    fig, ex = "vips-speed-accuracy", "exact-gp-synthetic"
     rows = [[name] + [Join((Val(fig, "default", f"{q}_vips_batch{i}", dec, spread=False),
                             Val(fig, "quick", f"{q}_vips_batch{i}", dec, spread=False),
                             PaperVal(fig, f"{q}_vips_batch{i}"))) for i in range(1, 5)]
             for q, name, dec in (("m", "M", 0), ("rmse", "RMSE", 2))]
+    rows.append(["RMSE, exact GP (`exact-gp-synthetic`)"]
+                + [Join((Val(ex, "default", f"rmse_batch{i}", 2, spread=False),
+                         Val(ex, "quick", f"rmse_batch{i}", 2, spread=False),
+                         PaperVal(ex, f"rmse_batch{i}"))) for i in range(1, 5)])
     return table(["Fig. 2a: ours / quick / paper", *(f"batch {i}" for i in range(1, 5))], rows,
                  results)
 
@@ -346,10 +351,11 @@ def readme_kalman_exact(results: Results) -> str:
              Join((Val(ts, "default", "avg_log_pred_learned", 3, spread=False),
                    Val(ts, "default", "avg_log_pred_fixed", 3, spread=False))),
              "learned above fixed (Fig. 1, no number)"],
-            ["exact GP, concrete split 0: RMSE / NLPD (full)",
-             Join((Val(ex, "default", "rmse", 3, spread=False),
-                   Val(ex, "default", "nlpd", 3, spread=False))),
-             Join((PaperVal(ex, "rmse"), "—"))]]
+            *[[f"exact GP, concrete split 0: RMSE / NLPD ({label})",
+               Join((Val(ex, entry, "rmse", 3, spread=False),
+                     Val(ex, entry, "nlpd", 3, spread=False))),
+               Join((PaperVal(ex, "rmse"), "—"))]
+              for entry, label in (("default", "full"), ("quick", "--quick"))]]
     return table(["quantity", "ours", "paper"], rows, results)
 
 
@@ -576,14 +582,17 @@ def _gptree_classes(entry: str) -> Callable[[Results], str]:
 
 def _gptree_fscil(entry: str) -> Callable[[Results], str]:
     def render(results: Results) -> str:
-        from ppl_cl.experiments.gp_tree import FSCIL_LABELS as labels
+        import re
 
+        from ppl_cl.experiments.gp_tree import FSCIL_LABELS, FSCIL_TAGS
+
+        labels = {FSCIL_TAGS[v]: name for v, name in FSCIL_LABELS.items()}
         exp = "gptree-fscil"
         e = results.get(exp, {}).get(entry)
         keys = [] if e is None else list(e["summary"])
-        tags = list(dict.fromkeys(k[4:-len("_final")] for k in keys
-                                  if k.startswith("acc_") and k.endswith("_final")))
-        sessions = sorted({int(k.rsplit("session", 1)[1]) for k in keys if "_session" in k})
+        tags = [m.group(1) for k in keys if (m := re.fullmatch(r"acc_(.+)_final", k))]
+        sessions = sorted({int(m.group(1)) for k in keys
+                           if (m := re.fullmatch(r"acc_.+_session(\d+)", k))})
         rows = [[labels.get(t, t)] + [Val(exp, entry, f"acc_{t}_session{s}", spread=False)
                                       for s in sessions]
                 + [PM(exp, entry, f"acc_{t}_final", f"sem_{t}_final"),
@@ -732,8 +741,8 @@ def vips_synthetic(results: Results) -> str:
     """``vips-synthetic`` (Fig. 1): the final M of VIPS on D1 (growing input space), D2
     (stationary) and D3 (late outliers), full size and quick."""
     exp = "vips-synthetic"
-    rows = [[name, Val(exp, "default", f"final_m_{name}", 0, spread=False),
-             Val(exp, "quick", f"final_m_{name}", 0, spread=False), paper]
+    rows = [[name, Val(exp, "default", f"final_m_{name.lower()}", 0, spread=False),
+             Val(exp, "quick", f"final_m_{name.lower()}", 0, spread=False), paper]
             for name, paper in (("D1", "grows linearly"), ("D2", "levels off"),
                                 ("D3", "flat, jumps at the outliers"))]
     return table(["set", "final M", "final M (--quick)", "paper (Fig. 1)"], rows, results)
@@ -791,6 +800,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "gptree-classes": _gptree_classes("default"),
     "gptree-classes-quick": _gptree_classes("quick"),
     "gptree-fscil": _gptree_fscil("default"),
+    "gptree-fscil-quick": _gptree_fscil("quick"),
     "gptree-dkl": gptree_dkl,
     "gptree-speed": gptree_speed,
     **{f"compare-{s}-quick": _compare_table(s, "quick") for s in COMPARE_STREAMS},

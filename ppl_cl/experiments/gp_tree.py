@@ -655,6 +655,8 @@ def fscil_figure(curves: dict[str, np.ndarray], forgetting: dict[str, np.ndarray
 
 FSCIL_LABELS = {"gptree": "GP-Tree", "session": "Session Tree", "rebuild": "Rebuild Tree",
                  "ncm": "NCM (frozen backbone)"}
+FSCIL_TAGS = {"gptree": "gptree", "session": "session_tree", "rebuild": "rebuild", "ncm": "ncm"}
+"""Each variant's tag in the summary's keys (``acc_<tag>_final``, ``acc_<tag>_session<s>``)."""
 
 
 @register("gptree-fscil", GPTreeFSCILConfig,
@@ -773,8 +775,7 @@ def _fscil_summary(config: GPTreeFSCILConfig, curves_np: dict, forget_np: dict, 
                      "session_acc": [float(a) for a in session_acc],
                      "final_session_acc": float(session_acc[-1])}
     for k, v in curves_np.items():
-        tag = {"gptree": "gptree", "session": "session_tree", "rebuild": "rebuild",
-               "ncm": "ncm"}[k]
+        tag = FSCIL_TAGS[k]
         summary[f"acc_{tag}_final"] = float(v.mean(0)[-1])
         if v.shape[0] > 1:
             summary[f"sem_{tag}_final"] = float(v[:, -1].std(ddof=1) / math.sqrt(v.shape[0]))

@@ -34,6 +34,20 @@ def test_every_block_names_a_known_table_and_every_table_is_used():
     assert set(TABLES) <= used, f"tables no page shows: {sorted(set(TABLES) - used)}"
 
 
+def test_every_committed_entry_is_quoted_by_a_table():
+    """A result nobody reads is a table bug (a key spelled differently, a renderer that never
+    parsed real keys): removing any one committed entry must change some table."""
+    results = load_results()
+    full = {name: fn(results) for name, fn in TABLES.items()}
+    unquoted = []
+    for exp, entries in results.items():
+        for entry in entries:
+            reduced = {**results, exp: {k: v for k, v in entries.items() if k != entry}}
+            if all(fn(reduced) == full[name] for name, fn in TABLES.items()):
+                unquoted.append(f"{exp} ({entry})")
+    assert not unquoted, f"entries of results/ that no table shows: {unquoted}"
+
+
 def test_results_files_are_small_and_traceable():
     files = sorted(RESULTS_DIR.glob("*.json"))
     for f in files:
