@@ -799,6 +799,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "gpella-speed": gpella_speed,
     "gptree-classes": _gptree_classes("default"),
     "gptree-classes-quick": _gptree_classes("quick"),
+    "gptree-classes-grid": _gptree_classes("grid"),
     "gptree-fscil": _gptree_fscil("default"),
     "gptree-fscil-quick": _gptree_fscil("quick"),
     "gptree-dkl": gptree_dkl,
