@@ -748,6 +748,28 @@ def vips_synthetic(results: Results) -> str:
     return table(["set", "final M", "final M (--quick)", "paper (Fig. 1)"], rows, results)
 
 
+def vips_uci_authors(results: Results) -> str:
+    """``vips-uci`` (entry ``reference-order``: concrete, VIPS, 5 folds in the authors' stream
+    order) beside the authors' code on the same stream and machine
+    (``AUTHORS_CODE_CONCRETE``): M and RMSE (mean ± std over folds) and the whole run's seconds
+    from a cold compilation cache."""
+    import numpy as np
+
+    from ppl_cl.experiments.vips import AUTHORS_CODE_CONCRETE as ref
+
+    exp, entry = "vips-uci", "reference-order"
+    e = results.get(exp, {}).get(entry)
+    seconds = sum(r["wall_time_s"] for r in e["runs"]) if e else None
+    ours = [PM(exp, entry, "m_vips", "m_vips_std", 1), PM(exp, entry, "rmse_vips", "rmse_vips_std", 4),
+            "—" if seconds is None else f"{seconds:.1f}"]
+    theirs = [f"{np.mean(ref['m']):.1f} ± {np.std(ref['m']):.1f}",
+              f"{np.mean(ref['rmse']):.4f} ± {np.std(ref['rmse']):.4f}", f"{ref['seconds']:.1f}"]
+    ratio = "—" if seconds is None else f"{ref['seconds'] / seconds:.2f}"
+    return table(["concrete, VIPS, 5 folds x 20 batches", "M", "RMSE", "seconds (cold)"],
+                 [["ours (`--set sort=numpy`)", *ours], ["the authors' code", *theirs],
+                  ["authors' seconds / ours", "", "", ratio]], results)
+
+
 def vips_magnetic(results: Results) -> str:
     """``vips-magnetic`` (Fig. 4): M and RMSE on path 3 after each learned path, and the
     20-batch stream of path 3 by VIPS and Conditional Variance (entry ``default``)."""
@@ -793,6 +815,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "vips-table1": vips_table1,
     "vips-synthetic": vips_synthetic,
     "vips-magnetic": vips_magnetic,
+    "vips-uci-authors": vips_uci_authors,
     "vips-speed": vips_speed,
     "gpella-protocol": _gpella_table("default"),
     "gpella-quick": _gpella_table("quick"),

@@ -543,6 +543,16 @@ class VIPSSpeedAccuracyConfig:
 
 _FIG2A = "Pescador-Barrios et al. 2024, Fig. 2a (read off the figure)"
 
+AUTHORS_CODE_CONCRETE = {"m": (410, 226, 401, 433, 409),
+                         "rmse": (0.332, 0.344, 0.356, 0.358, 0.338),
+                         "seconds": 192.1, "process_seconds": 198.3}
+"""The authors' VIPS on concrete, measured on the 2-core machine of ``docs/vips.md`` (one core,
+``taskset -c 0``, one TF thread, GPflow 2.9.2, TensorFlow 2.18): their ``run_VIPS`` over
+``divide_batches_kfolds`` (``experiments/uci/utils_uci.py``; 20 batches, 5 folds, delta 0.05,
+seed 0, ``np.argsort`` of the first input) with the per-batch test evaluation. Final M and RMSE
+per fold; ``seconds`` from the script's first line (imports included) to the last fold,
+``process_seconds`` the whole process. ``vips-uci --set sort=numpy`` reads the same stream."""
+
 
 @register("vips-speed-accuracy", VIPSSpeedAccuracyConfig, quick={"fixed_m": (10,)},
           paper={**{f"m_vips_batch{i + 1}": PaperNumber(v, _FIG2A, decimals=0)
