@@ -107,7 +107,11 @@ class Softplus:
         return expit(raw)
 
     def inverse(self, value):
-        v = np.asarray(value, np.float64) - self.shift
+        """``log(expm1(value - shift))``, finite at the floor: a value that the fit left at the
+        shift exactly (a raw value far below -50, where ``softplus`` underflows next to the
+        shift) maps to ``log(tiny) = -708``, not ``-inf``, which would make the next fit's
+        L-BFGS-B steps ``-inf - (-inf) = NaN``."""
+        v = np.maximum(np.asarray(value, np.float64) - self.shift, np.finfo(np.float64).tiny)
         return v + np.log(-np.expm1(-v))      # log(expm1(v)) without overflow
 
     def raw_bounds(self):
@@ -132,8 +136,11 @@ class SigmoidBox:
         return (self.high - self.low) * s * (1.0 - s)
 
     def inverse(self, value):
+        """``logit`` of the value's place in the box, finite at either end (as
+        :meth:`Softplus.inverse`: a value at ``low`` or ``high`` exactly maps to about -/+708)."""
         v = np.asarray(value, np.float64)
-        return np.log(v - self.low) - np.log(self.high - v)
+        tiny = np.finfo(np.float64).tiny
+        return np.log(np.maximum(v - self.low, tiny)) - np.log(np.maximum(self.high - v, tiny))
 
     def raw_bounds(self):
         return -np.inf, np.inf

@@ -95,6 +95,20 @@ def test_bijectors_are_gpflows_transforms():
     assert gpflow_parametrization(_params(1.0, [1.0], 0.1)).kernel.variance == Softplus()
 
 
+def test_inverses_are_finite_at_the_floor_and_the_box_ends():
+    """A fit that leaves the noise at its floor (raw below -50: softplus underflows next to the
+    shift) hands the next batch a value equal to the shift; its raw start must be finite (an
+    infinite start made L-BFGS-B's steps NaN on naval) and map back to the same value."""
+    from inference.type2ml import SigmoidBox, Softplus
+
+    sp, box = Softplus(1e-6), SigmoidBox(1e-6, 2e3)
+    for t, ends in ((sp, [1e-6]), (box, [1e-6, 2e3])):
+        raw = t.inverse(np.asarray(ends))
+        assert np.all(np.isfinite(raw)), (t, raw)
+        np.testing.assert_allclose(t.forward(raw), ends, rtol=1e-12)
+    assert sp.inverse(sp.forward(-80.0)) < -700          # underflowed: at the floor, finite
+
+
 def test_both_parametrizations_reach_the_one_optimum_of_a_unimodal_likelihood():
     from inference.type2ml import gpflow_parametrization
 
