@@ -25,7 +25,10 @@ def main(npz: str, out: str) -> None:
     def fit(i):
         x, y, Z, hp = data[f"x{i}"], data[f"y{i}"][:, None], data[f"Z{i}"], data[f"hp{i}"]
         k = gpflow.kernels.SquaredExponential(variance=hp[0], lengthscales=hp[1])
-        m = gpflow.models.SGPR((x, y), k, Z, noise_variance=hp[2])
+        # a noise left at the floor by the previous fit (1e-6, GPflow's own lower bound) has an
+        # infinite unconstrained value, which GPflow refuses: start one part in 1e6 above it
+        floor = gpflow.config.default_likelihood_positive_minimum()
+        m = gpflow.models.SGPR((x, y), k, Z, noise_variance=max(float(hp[2]), floor * (1 + 1e-6)))
         gpflow.set_trainable(m.inducing_variable, False)
         t = time.perf_counter()
         res = gpflow.optimizers.Scipy().minimize(m.training_loss, m.trainable_variables)
