@@ -186,7 +186,7 @@ def main(argv=None) -> dict:
               "command": " ".join(sys.argv),
               "compilation_cache": "given (--cache-dir)" if args.cache_dir else "new, empty",
               "datasets": {}}
-    partial = Path(args.out).with_suffix(".partial.json")
+    partial = Path(tempfile.gettempdir()) / "ppl_cl-vips-benchmark.partial.json"
 
     def on_row(rows):   # a run stopped by a time limit keeps the batches it finished
         partial.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=2))

@@ -29,14 +29,21 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+OUTPUT_PATHS = ("benchmarks/results", "results")
+"""Folders of measurements, not code: a change there (a benchmark rewriting its own JSON while
+it runs) does not make the checkout dirty."""
+
+
 def code_version() -> dict[str, Any]:
     """``{"commit": <HEAD's hash or None>, "dirty": <tracked files differ from HEAD>}`` of the
     checkout the package was imported from (``commit`` None outside a git checkout, e.g. an
-    installed wheel). Untracked files do not count as dirty."""
+    installed wheel). Untracked files and the output folders (:data:`OUTPUT_PATHS`) do not
+    count as dirty."""
     commit = _git("rev-parse", "HEAD")
     if commit is None:
         return {"commit": None, "dirty": None}
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                  *(f":(exclude){p}" for p in OUTPUT_PATHS))
     return {"commit": commit, "dirty": bool(status)}
 
 
