@@ -108,10 +108,10 @@ def noise_code(stats: TargetStats, y: Array) -> float:
 # ------------------------------------------------------------------------------------------
 MIN_BUCKET = 64
 """The smallest buffer of the ladder. Every rung a stream passes through compiles the update's
-functions once (about 4 s on one CPU core); below 64 rows the padding costs nothing measurable,
-so a smaller floor only adds a compilation (``benchmarks/vips.py`` on naval, one core, cold
-cache: the whole stream 23.2 s with a floor of 32, 20.9 s with 64, 18.7 s with 128 and 21.5 s
-with 256, where the warm updates grow from 6.4 s at 64 to 14.6 s at 256)."""
+functions once (seconds on one CPU core, against milliseconds for a warm update of a few dozen
+points), so the ladder starts where padding begins to cost: a floor of 32 adds one compilation
+to a stream for nothing measurable, while floors of 128 or 256 make the warm updates of small
+sets slower (``benchmarks/vips.py`` on naval)."""
 
 
 def bucket(n: int, minimum: int | None = None) -> int:
