@@ -668,7 +668,12 @@ def _gpella_table(entry_kind: str) -> Callable[[Results], str]:
                                                  else len(_GPELLA_ORDER), m)) or ["gp_ella"]
         rows = []
         for exp, entry, name in sets:
-            rows.append([name] + [PM(exp, entry, f"rmse_{m}", f"rmse_{m}_se", 3)
+            summary = (results.get(exp, {}).get(entry) or {}).get("summary", {})
+            n_runs = summary.get("n_runs", {})
+            n_runs = n_runs.get("mean") if isinstance(n_runs, dict) else n_runs
+            one_run = n_runs == 1                             # no standard error to show
+            rows.append([name] + [Val(exp, entry, f"rmse_{m}", 3, spread=False) if one_run
+                                  else PM(exp, entry, f"rmse_{m}", f"rmse_{m}_se", 3)
                                   for m in methods]
                         + [Join((Val(exp, entry, "gp_ella_beats_individual_runs", 0,
                                      spread=False),
