@@ -1,9 +1,11 @@
 """The `ppl-cl` command: list, run (stable names), --set parsing, data list, reproduce."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -608,3 +610,25 @@ def test_readme_exports_the_data_root_once():
     assert blocks[1].strip() == ".venv/bin/python -m pytest"
     for block in blocks[2:]:
         assert "PPL_CL_DATA" not in block, block
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs sched_setaffinity and two CPUs")
+def test_one_thread_sizes_xla_pool_and_leaves_every_cpu():
+    """With --threads 1 XLA's CPU pool has one thread (its size follows the CPUs the process may
+    run on when the client is created, whatever the flags say) and every thread of the process
+    may still run on every CPU afterwards."""
+    code = ("import json, os; from ppl_cl.cli import _set_threads; _set_threads(1); "
+            "import jax.numpy as jnp; "
+            "(jnp.ones((300, 300)) @ jnp.ones((300, 300))).block_until_ready(); "
+            "tasks = os.listdir('/proc/self/task'); "
+            "names = [open(f'/proc/self/task/{t}/comm').read().strip() for t in tasks]; "
+            "print(json.dumps({'pool': sum(n.startswith('tf_XLAEigen') for n in names), "
+            "'masks': sorted({len(os.sched_getaffinity(int(t))) for t in tasks})}))")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "XLA_FLAGS")}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["pool"] == 1
+    assert out["masks"] == [len(os.sched_getaffinity(0))]
