@@ -342,7 +342,7 @@ _GPELLA_SETS = (("gpella-synthetic", "default", "synthetic"),
                 ("gpella-parkinsons", "total", "Parkinson's total"))
 _GPELLA_METHODS = (("gp_ella", "GP-ELLA"), ("gp_ella_no_smoothing", "GP-ELLA, no smoothing"),
                    ("individual", "individual GPs"), ("ella", "ELLA"), ("shared", "shared GP"),
-                   ("mtgp", "MTGP (rank 1)"), ("mtgp_rank2", "MTGP (rank 2)"))
+                   ("mtgp", "MTGP (rank 1)"))
 _GPELLA_WINS = ("individual", "shared", "mtgp", "ella")
 
 
