@@ -707,6 +707,23 @@ def _gpella_table(entry_kind: str) -> Callable[[Results], str]:
     return render
 
 
+def gpella_diagnostics(results: Results) -> str:
+    """``gpella-*`` at the protocol: how many tasks the prediction smoothing averages (the
+    effective number ``1 / sum w^2``, mean over target tasks and runs) for GP-ELLA and for
+    individual GPs given the same smoothing, and the fit diagnostics of the runs: fractions of
+    per-task fits that converged, of Hessians with negative curvature, of reconstructed theta
+    entries clipped, of fitted theta entries at the fit's box."""
+    keys = (("n_eff_gp_ella", 1), ("n_eff_individual_smoothed", 1),
+            ("fit_converged_fraction", 3), ("hessian_negative_fraction", 3),
+            ("theta_clipped_fraction", 3), ("fitted_theta_at_bound_fraction", 3))
+    rows = [[name, Val(exp, entry, "n_tasks", 0, spread=False)]
+            + [Val(exp, entry, k, dec, spread=False) for k, dec in keys]
+            for exp, entry, name in _GPELLA_SETS]
+    return table(["data", "tasks", "effective tasks, GP-ELLA",
+                  "effective tasks, indiv. + smoothing", "fits converged", "H negative",
+                  "theta clipped", "theta at bound"], rows, results)
+
+
 def gpella_speed(results: Results) -> str:
     """``benchmarks/gp_ella.py``: seconds per task, GP-ELLA against individual GPs in the same
     process on the same tasks."""
@@ -847,6 +864,7 @@ TABLES: dict[str, Callable[[Results], str]] = {
     "gpella-protocol": _gpella_table("default"),
     "gpella-quick": _gpella_table("quick"),
     "gpella-speed": gpella_speed,
+    "gpella-diagnostics": gpella_diagnostics,
     "gptree-classes": _gptree_classes("default"),
     "gptree-classes-quick": _gptree_classes("quick"),
     "gptree-classes-grid": _gptree_classes("grid"),
