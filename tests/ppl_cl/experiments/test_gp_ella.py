@@ -91,11 +91,13 @@ def test_tiny_run_gives_every_summary_key(tmp_path):
         assert s[f"rmse_{method}"] == pytest.approx(runs.mean(), rel=1e-12)
         assert s[f"rmse_{method}_se"] == pytest.approx(runs.std(ddof=1) / np.sqrt(2), rel=1e-9)
     # headline values pinned from this tiny run (seed 0, CPU float64; a second run in the same
-    # process gave every digit again). rel 1e-6 is the fits' tolerance; seed 1 gives 1.5545,
-    # 1.6036 and 6.0782, i.e. the pins tell a 1e-2-relative change in any of them
-    assert s["rmse_gp_ella"] == pytest.approx(1.4024084151724945, rel=1e-6)
-    assert s["rmse_individual"] == pytest.approx(1.6309556196644819, rel=1e-6)
-    assert s["rmse_shared"] == pytest.approx(6.384730483124896, rel=1e-6)
+    # process gave every digit again). Another jax / scipy release moved GP-ELLA's by 6e-6
+    # relative (1.4024084 -> 1.4024001: the fits stop at their tolerance on another path);
+    # seed 1 gives 1.5545, 1.6036 and 6.0782, so rel 1e-4 still tells a 1e-2-relative change
+    # in any of them
+    assert s["rmse_gp_ella"] == pytest.approx(1.4024001, rel=1e-4)
+    assert s["rmse_individual"] == pytest.approx(1.6309556, rel=1e-4)
+    assert s["rmse_shared"] == pytest.approx(6.3847305, rel=1e-4)
     assert s["rmse_gp_ella"] < s["rmse_individual"] < s["rmse_shared"]    # Fig. 2's order
 
 
