@@ -396,10 +396,13 @@ def claims(results: Results) -> str:
 
 
 def readme_losses(results: Results) -> str:
-    """One row per committed entry with a claim that does not hold."""
+    """One row per committed entry with a claim that does not hold; an experiment with a
+    checked entry beyond ``--quick`` shows only those (every entry: the ``claims`` table)."""
     rows = []
     for exp in sorted(results):
-        for label, e in sorted(results[exp].items()):
+        entries = sorted(results[exp].items())
+        full = [(label, e) for label, e in entries if not e.get("quick") and e.get("claims")]
+        for label, e in full or entries:
             lost = [c["text"] for c in e.get("claims", []) if c["holds"] is False]
             if lost:
                 rows.append([f"`{exp}` ({label})", "; ".join(lost)])

@@ -129,3 +129,19 @@ def test_unmarked_number_tables_finds_hand_written_numbers():
     assert format_value({"mean": 0.5, "std": 0.1, "n": 3}, 3) == "0.500 ± 0.100"
     assert format_value({"mean": 0.5, "std": 0.0, "n": 1}, 1) == "0.5"
     assert format_value(None) == "—" and format_value(float("nan")) == "—"
+
+
+def test_readme_losses_show_the_protocol_entry_over_quick_ones():
+    """README's losses table lists an experiment's ``--quick`` entries only while no checked
+    entry beyond ``--quick`` exists (the ``claims`` table keeps every entry)."""
+    from ppl_cl.tables import claims, readme_losses
+
+    lost = [{"text": "A below B", "holds": False}]
+    quick_only = {"exp": {"quick": {"quick": True, "claims": lost, "summary": {}}}}
+    assert "`exp` (quick)" in readme_losses(quick_only)
+    both = {"exp": {**quick_only["exp"], "default": {"quick": False, "summary": {},
+                                                     "claims": [{"text": "A below B",
+                                                                 "holds": True}]}}}
+    assert "`exp`" not in readme_losses(both)
+    assert "every checked claim holds" in readme_losses(both)
+    assert "`exp` (quick)" in claims(both) and "`exp` (default)" in claims(both)
