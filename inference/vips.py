@@ -251,18 +251,15 @@ def padded_elbo(params: GPRegressionParams, X: Array, y: Array, Z: Array,
 
 def bound_value(params: GPRegressionParams, X: Array, y: Array, Z: Array,
                 terms: OldTerms | None, jitter: float) -> float:
-    """``F`` at ``Z`` by the compiled program of the hyperparameter fit
-    (:func:`inference.type2ml.value_and_grad_of` of the negative bound, on the same padded
-    layout as :func:`fit_hyperparameters`): ``L_max`` at a new size compiles what a later fit
-    at that size runs."""
-    from inference.type2ml import value_and_grad_of
-
+    """``F`` at ``Z``, the negative bound of the hyperparameter fit on the same padded layout as
+    :func:`fit_hyperparameters`, compiled without its gradient: ``L_max`` sits at ``Z = [X; a]``,
+    a size the fits of ``M`` inducing points rarely reach, and the value alone compiles in
+    about half the time (naval: 0.8 s against 1.5-2.1 s per size)."""
     Xp, yp, xm = _pad_data(X, y)
     size = _joint_size(Z.shape[0], terms)
     Zp, zm = _pad_inducing(Z, size)
-    v, _ = value_and_grad_of(_negative_elbo, params, Xp, yp, xm, Zp, zm,
-                             _terms_at(terms, X.shape[1], size), jnp.asarray(jitter),
-                             jnp.asarray(jitter))
+    v = _negative_elbo_value(params, Xp, yp, xm, Zp, zm, _terms_at(terms, X.shape[1], size),
+                             jnp.asarray(jitter), jnp.asarray(jitter))
     return -float(v)
 
 
@@ -900,6 +897,9 @@ def kernel_bounds(kernel: Kernel, variance_bounds: tuple[float, float] | None = 
 def _negative_elbo(params, Xp, yp, xm, Zp, zm, terms, jitter, d_jitter):
     return -online_elbo(params, Xp, yp, Zp, terms, jitter=jitter, z_mask=zm, x_mask=xm,
                         d_jitter=d_jitter)
+
+
+_negative_elbo_value = jax.jit(_negative_elbo)
 
 
 def d_jitter_of(old: OldTerms | OldPosterior | None, jitter: float) -> float:
