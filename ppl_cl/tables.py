@@ -292,17 +292,16 @@ def readme_gptree(results: Results) -> str:
 
 
 _VIPS_DATASETS = ("concrete", "skillcraft", "kin8nm", "elevators", "bike")
-_VIPS_T1_ENTRIES = ("default", "kin8nm", "elevators-bike")
-"""Entries of ``vips-table1`` at the protocol, each a run over some of the datasets (one run
-per group, saved under its own label: ``ppl-cl report`` keeps one override set per entry)."""
-
-
-def _t1_entry(results: Results, dataset: str) -> str:
-    """The protocol entry of ``vips-table1`` holding ``dataset`` (the first of
-    ``_VIPS_T1_ENTRIES`` whose summary has its VIPS row; ``default`` when none has)."""
+def _t1_entry(results: Results, dataset: str, method: str = "vips") -> str:
+    """The protocol entry of ``vips-table1`` that holds ``method`` on ``dataset``: ``default``
+    when it does, else the first other full (not ``--quick``) entry whose summary has the row
+    (``ppl-cl report`` keeps one override set per entry, so the datasets and methods of the
+    protocol may be saved as several runs, each under its own label); ``default`` when none
+    has."""
     entries = results.get("vips-table1", {})
-    for label in _VIPS_T1_ENTRIES:
-        if f"{dataset}_m_vips" in (entries.get(label) or {}).get("summary", {}):
+    key = f"{dataset}_rmse_{method}"
+    for label, entry in sorted(entries.items(), key=lambda kv: kv[0] != "default"):
+        if not (entry or {}).get("quick") and key in (entry or {}).get("summary", {}):
             return label
     return "default"
 
@@ -758,13 +757,13 @@ _VIPS_METHODS = (("exact", "exact GP"), ("cv", "Conditional Variance"), ("oips",
 
 def vips_table1(results: Results) -> str:
     """``vips-table1``: final M, RMSE and NLPD per dataset and method, mean ± std over the
-    folds run (the entry of ``_VIPS_T1_ENTRIES`` that holds the dataset), beside the paper's
+    folds run (the entry that holds each row: ``_t1_entry``), beside the paper's
     Table 1 (which gives M and RMSE)."""
     t1 = "vips-table1"
     rows = []
     for d in _VIPS_DATASETS:
-        e = _t1_entry(results, d)
         for m, label in _VIPS_METHODS:
+            e = _t1_entry(results, d, m)
             rows.append([d, label] + [
                 Join((PM(t1, e, f"{d}_{k}_{m}", f"{d}_{k}_{m}_std", dec),
                       PaperVal(t1, f"{d}_{k}_{m}")), " (") if k != "nlpd"

@@ -145,3 +145,26 @@ def test_readme_losses_show_the_protocol_entry_over_quick_ones():
     assert "`exp`" not in readme_losses(both)
     assert "every checked claim holds" in readme_losses(both)
     assert "`exp` (quick)" in claims(both) and "`exp` (default)" in claims(both)
+
+
+def test_vips_table1_reads_each_row_from_the_entry_that_holds_it():
+    """Table 1's datasets and methods may be saved as several full entries (one override set
+    each): every row comes from the entry holding it, ``default`` first, never from ``--quick``."""
+    from ppl_cl.tables import vips_table1
+
+    def entry(quick, **summary):
+        return {"quick": quick, "summary": summary, "claims": []}
+
+    results = {"vips-table1": {
+        "default": entry(False, concrete_rmse_vips=0.111, concrete_folds_run=5),
+        "elevators-vips": entry(False, elevators_rmse_vips=0.222, elevators_folds_run=5,
+                                concrete_rmse_vips=0.999),
+        "elevators-cv": entry(False, elevators_rmse_cv=0.333, elevators_folds_run=2),
+        "quick": entry(True, elevators_rmse_oips=0.444, elevators_folds_run=1)}}
+    rows = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): line
+            for line in vips_table1(results).splitlines()[2:]}
+    assert "0.111" in rows["concrete", "VIPS"] and "0.999" not in rows["concrete", "VIPS"]
+    assert "0.222" in rows["elevators", "VIPS"] and rows["elevators", "VIPS"].endswith("| 5 |")
+    assert "0.333" in rows["elevators", "Conditional Variance"]
+    assert rows["elevators", "Conditional Variance"].endswith("| 2 |")
+    assert "0.444" not in rows["elevators", "OIPS"]
