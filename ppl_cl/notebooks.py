@@ -22,11 +22,15 @@ from typing import Iterable
 
 from ppl_cl.provenance import REPO_ROOT
 
-__all__ = ["PACKAGES", "NOTEBOOK_DIR", "exercised_files", "sources_digest", "is_current",
-           "execute"]
+__all__ = ["PACKAGES", "NOTEBOOK_DIR", "KERNEL_WARNINGS", "exercised_files", "sources_digest",
+           "is_current", "execute"]
 
 PACKAGES = ("ppl_cl", "models", "inference")
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+KERNEL_WARNINGS = "ignore::FutureWarning:arviz"
+"""``PYTHONWARNINGS`` of the notebook kernels: ArviZ 0.23 warns on import once a day (a notice
+of its coming refactor, with the path of its package), which would otherwise land in the
+outputs of whichever notebook imports ArviZ first that day."""
 
 
 def _module_file(name: str, root: Path) -> Path | None:
@@ -140,11 +144,9 @@ def execute(path: Path, timeout: int = 3600) -> None:
     digest = sources_digest(files)
     saved = {k: os.environ.get(k) for k in ("PPL_CL_SMOKE", "PYTHONWARNINGS")}
     os.environ.pop("PPL_CL_SMOKE", None)
-    # ArviZ 0.23 warns on import once a day (a notice of its coming refactor, with the path of
-    # its package): without this filter it lands in the outputs of whichever notebook imports
-    # ArviZ first on the day the notebooks are executed (the kernel inherits the environment)
+    # the kernel inherits the environment
     os.environ["PYTHONWARNINGS"] = ",".join(
-        w for w in (saved["PYTHONWARNINGS"], "ignore::FutureWarning:arviz") if w)
+        w for w in (saved["PYTHONWARNINGS"], KERNEL_WARNINGS) if w)
     try:
         NotebookClient(nb, timeout=timeout, kernel_name="python3",
                        resources={"metadata": {"path": str(path.parent)}}).execute()

@@ -12,6 +12,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from ppl_cl.notebooks import KERNEL_WARNINGS
+
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
 #: absolute paths of a machine (the repository, temporary folders, home directories)
@@ -105,8 +107,7 @@ def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch):
     # makes JAX warn (with a path) in the middle of a cell
     monkeypatch.setenv("PPL_CL_JAX_CACHE", str(tmp_path / "jax-cache"))
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    # ArviZ 0.23 warns on its first import of the day (with its path): as `ppl_cl.notebooks`
-    monkeypatch.setenv("PYTHONWARNINGS", "ignore::FutureWarning:arviz")
+    monkeypatch.setenv("PYTHONWARNINGS", KERNEL_WARNINGS)   # as `python -m ppl_cl.notebooks run`
     monkeypatch.chdir(tmp_path)
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:       # the committed outputs must not count as this run's
