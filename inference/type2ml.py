@@ -367,14 +367,26 @@ class Type2ML:
                       for a, b in zip(lo, hi)]
             flat0 = np.clip(flat0, lo, hi)
 
+        memo: dict = {}
+
+        def evaluate(x: np.ndarray) -> tuple[float, Any]:
+            # the objective at x; the last point is remembered, so that L-BFGS-B's first call
+            # (at the start, already evaluated for the finiteness check) costs nothing
+            key = x.tobytes()
+            if key not in memo:
+                values = constrained(x)
+                v, g = vg(params_of(values), *data)
+                memo.clear()
+                memo[key] = (float(v), g)
+            return memo[key]
+
         def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
             with np.errstate(over="ignore", invalid="ignore"):   # a far line-search trial
                 values = constrained(x)
                 derivs = [t.derivative(r) for t, r in zip(transforms, np.split(x, splits))]
             if not all(np.isfinite(v).all() for v in values + derivs):
                 return 1e300, np.zeros_like(x)
-            v, g = vg(params_of(values), *data)
-            v = float(v)
+            v, g = evaluate(x)
             g = np.concatenate([np.ravel(np.asarray(gl, np.float64)) * np.ravel(dv)
                                 for gl, dv in zip(jax.tree_util.tree_leaves(g), derivs)])
             if not (np.isfinite(v) and np.isfinite(g).all()):
@@ -382,7 +394,7 @@ class Type2ML:
                 return 1e300, np.zeros_like(g)
             return v, g
 
-        v0 = float(vg(params_of(constrained(flat0)), *data)[0])
+        v0 = evaluate(flat0)[0]
         if not np.isfinite(v0):
             raise NonFiniteObjectiveError(f"objective is {v0} at the initial "
                                           f"hyperparameters "

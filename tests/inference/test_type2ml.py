@@ -124,3 +124,38 @@ def test_both_parametrizations_reach_the_one_optimum_of_a_unimodal_likelihood():
     with pytest.raises(ValueError, match="transforms"):
         fit_type2ml(nlml, p0, data=data, transforms=gpflow_parametrization(p0),
                     lower_bounds=p0)
+
+
+def test_each_point_is_evaluated_once_the_start_included(monkeypatch):
+    """The finiteness check at the start and L-BFGS-B's first call share one evaluation: no
+    two consecutive evaluations are at the same hyperparameters, and there are as many as
+    SciPy's own count plus none."""
+    import scipy.optimize
+
+    import inference.type2ml as t2
+
+    seen, nfev = [], []
+    vg = t2._jitted_value_and_grad
+
+    def counting(objective):
+        f = vg(objective)
+
+        def g(params, *data):
+            seen.append(np.concatenate([np.ravel(np.asarray(x))
+                                        for x in jax.tree_util.tree_leaves(params)]))
+            return f(params, *data)
+        return g
+
+    minimize = scipy.optimize.minimize
+
+    def spy(*args, **kwargs):
+        res = minimize(*args, **kwargs)
+        nfev.append(res.nfev)
+        return res
+
+    monkeypatch.setattr(t2, "_jitted_value_and_grad", counting)
+    monkeypatch.setattr(scipy.optimize, "minimize", spy)
+    Xj, yj = jnp.asarray(X), jnp.asarray(y)
+    fit_type2ml(lambda p: -log_marginal_likelihood(p, Xj, yj), _params(1.0, [1.0, 1.0], 0.1))
+    assert len(seen) == nfev[0] >= 2
+    assert all(not np.array_equal(a, b) for a, b in zip(seen, seen[1:]))
