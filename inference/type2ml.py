@@ -369,12 +369,12 @@ class Type2ML:
 
         memo: dict = {}
 
-        def evaluate(x: np.ndarray) -> tuple[float, Any]:
-            # the objective at x; the last point is remembered, so that L-BFGS-B's first call
-            # (at the start, already evaluated for the finiteness check) costs nothing
+        def evaluate(x: np.ndarray, values: list[np.ndarray]) -> tuple[float, Any]:
+            # the objective at x (``values``: constrained(x)); the last point is remembered, so
+            # that L-BFGS-B's first call (the start, already evaluated for the finiteness
+            # check) costs nothing
             key = x.tobytes()
             if key not in memo:
-                values = constrained(x)
                 v, g = vg(params_of(values), *data)
                 memo.clear()
                 memo[key] = (float(v), g)
@@ -386,7 +386,7 @@ class Type2ML:
                 derivs = [t.derivative(r) for t, r in zip(transforms, np.split(x, splits))]
             if not all(np.isfinite(v).all() for v in values + derivs):
                 return 1e300, np.zeros_like(x)
-            v, g = evaluate(x)
+            v, g = evaluate(x, values)
             g = np.concatenate([np.ravel(np.asarray(gl, np.float64)) * np.ravel(dv)
                                 for gl, dv in zip(jax.tree_util.tree_leaves(g), derivs)])
             if not (np.isfinite(v) and np.isfinite(g).all()):
@@ -394,7 +394,7 @@ class Type2ML:
                 return 1e300, np.zeros_like(g)
             return v, g
 
-        v0 = evaluate(flat0)[0]
+        v0 = evaluate(flat0, constrained(flat0))[0]
         if not np.isfinite(v0):
             raise NonFiniteObjectiveError(f"objective is {v0} at the initial "
                                           f"hyperparameters "

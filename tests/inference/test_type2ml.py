@@ -128,8 +128,8 @@ def test_both_parametrizations_reach_the_one_optimum_of_a_unimodal_likelihood():
 
 def test_each_point_is_evaluated_once_the_start_included(monkeypatch):
     """The finiteness check at the start and L-BFGS-B's first call share one evaluation: no
-    two consecutive evaluations are at the same hyperparameters, and there are as many as
-    SciPy's own count plus none."""
+    two consecutive evaluations are at the same hyperparameters, and there are exactly as many
+    as SciPy counts."""
     import scipy.optimize
 
     import inference.type2ml as t2
